@@ -1,0 +1,15 @@
+"""tfopt: TensorFlow-native graph optimization.
+
+The foundation: capture a step as an `OpGraph` (`tfopt.graph`), cost it by
+profiling or estimate (`tfopt.cost`), describe devices (`tfopt.cluster`), and
+build models to try it on (`tfopt.zoo`).
+"""
+
+__version__ = "0.1.0"
+
+from tfopt.cluster import Cluster, Device
+from tfopt.cost import CommModel, CostModel, OpCost
+from tfopt.graph import Edge, Op, OpGraph
+
+__all__ = ["Cluster", "CommModel", "CostModel", "Device", "Edge", "Op",
+           "OpCost", "OpGraph", "__version__"]

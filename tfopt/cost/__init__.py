@@ -1,0 +1,23 @@
+"""CostModel (per-op time and memory) and CommModel (transfer time)."""
+
+from tfopt.cost.analytic import CPU, GPU_V100, DeviceSpec, estimate_costs
+from tfopt.cost.comm import CommFit, CommModel, Link, fit_comm_model
+from tfopt.cost.cost_model import CostModel, OpCost
+
+_LAZY = {
+    "profile_step": "tfopt.cost.profile",
+    "measure_transfer_times": "tfopt.cost.comm_measure",
+    "measure_comm_model": "tfopt.cost.comm_measure",
+}
+
+
+def __getattr__(name):
+  if name in _LAZY:
+    import importlib
+    return getattr(importlib.import_module(_LAZY[name]), name)
+  raise AttributeError(f"module 'tfopt.cost' has no attribute {name!r}")
+
+
+__all__ = ["CPU", "CommFit", "CommModel", "CostModel", "DeviceSpec",
+           "GPU_V100", "Link", "OpCost", "estimate_costs", "fit_comm_model",
+           *_LAZY]

@@ -1,0 +1,129 @@
+"""CommModel: transfer time = latency + bytes / bandwidth, per device pair.
+
+The default is the published PCIe fit used by Baechi: 134 us + 5.7 GB/s.
+`fit_comm_model` fits the two numbers by least squares from measured
+(bytes, microseconds) pairs; `tfopt.cost.comm_measure` produces such pairs
+from real tensor copies between two TensorFlow devices.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Mapping, Sequence
+
+import numpy as np
+
+from tfopt._errors import check_non_negative, invalid_argument
+
+PCIE_LATENCY_US = 134.0
+PCIE_BANDWIDTH_GBPS = 5.7
+
+
+@dataclasses.dataclass(frozen=True)
+class Link:
+  """One directed link: `latency_us` + bytes / (`bandwidth_gbps` GB/s)."""
+  latency_us: float = PCIE_LATENCY_US
+  bandwidth_gbps: float = PCIE_BANDWIDTH_GBPS
+
+  def __post_init__(self):
+    check_non_negative("latency_us", self.latency_us)
+    if isinstance(self.bandwidth_gbps, bool) or not isinstance(
+        self.bandwidth_gbps, (int, float)) or not self.bandwidth_gbps > 0:
+      raise invalid_argument("bandwidth_gbps", "a number > 0",
+                             self.bandwidth_gbps)
+
+  def transfer_us(self, nbytes: int) -> float:
+    """Microseconds to move `nbytes`; 0 bytes (a control edge) costs 0."""
+    if nbytes <= 0:
+      return 0.0
+    # 1 GB/s = 1e9 B/s = 1e3 B/us.
+    return self.latency_us + nbytes / (self.bandwidth_gbps * 1e3)
+
+
+@dataclasses.dataclass(frozen=True)
+class CommModel:
+  """A default link plus optional per-pair overrides keyed (src, dst) index.
+
+  >>> CommModel().transfer_us(5_700_000)   # 134 us + 1000 us
+  1134.0
+  >>> CommModel().transfer_us(100, 0, 0)   # same device: free
+  0.0
+  """
+  default: Link = Link()
+  pairs: Mapping[tuple[int, int], Link] = dataclasses.field(
+      default_factory=dict)
+
+  def link(self, src: int, dst: int) -> Link:
+    return self.pairs.get((src, dst), self.default)
+
+  def transfer_us(self, nbytes: int, src: int | None = None,
+                  dst: int | None = None) -> float:
+    if src is not None and src == dst:
+      return 0.0
+    link = self.default if src is None else self.link(src, dst)
+    return link.transfer_us(nbytes)
+
+  @classmethod
+  def uniform(cls, latency_us: float = PCIE_LATENCY_US,
+              bandwidth_gbps: float = PCIE_BANDWIDTH_GBPS) -> "CommModel":
+    return cls(Link(latency_us, bandwidth_gbps))
+
+
+@dataclasses.dataclass(frozen=True)
+class CommFit:
+  """A least-squares fit of transfer times: the link and how well it fits."""
+  link: Link
+  residual_rms_us: float
+  relative_residual: float  # rms of residual / measured time
+  num_points: int
+
+  def __str__(self) -> str:
+    return (f"latency {self.link.latency_us:.1f} us + bytes / "
+            f"{self.link.bandwidth_gbps:.3f} GB/s  (rms residual "
+            f"{self.residual_rms_us:.1f} us, relative rms "
+            f"{100 * self.relative_residual:.1f} %, {self.num_points} points)")
+
+
+def fit_comm_model(nbytes: Sequence[int], times_us: Sequence[float]) -> CommFit:
+  """Least-squares fit of time = latency + bytes / bandwidth.
+
+  The fit minimizes *relative* error (each point weighted by 1 / time):
+  sizes span many orders of magnitude, and an ordinary fit would let 1 %
+  noise on the largest copies swamp the latency of the small ones. Both
+  coefficients are constrained to be physical (latency >= 0, bandwidth
+  > 0): if the unconstrained fit gives a negative intercept the line is refit
+  through the origin.
+
+  >>> f = fit_comm_model([0, 1000, 2000], [10.0, 11.0, 12.0])
+  >>> round(f.link.latency_us, 6), round(f.link.bandwidth_gbps, 6)
+  (10.0, 1.0)
+  """
+  x = np.asarray(nbytes, dtype=np.float64)
+  y = np.asarray(times_us, dtype=np.float64)
+  if x.ndim != 1 or x.shape != y.shape or x.size < 2:
+    raise invalid_argument("nbytes", "a 1-D sequence of at least 2 sizes, "
+                           "as long as `times_us`", list(nbytes))
+  if np.any(x < 0) or np.any(~np.isfinite(y)):
+    raise invalid_argument("times_us", "finite, with sizes >= 0",
+                           list(times_us))
+  if np.ptp(x) == 0:
+    raise invalid_argument("nbytes", "at least two distinct sizes",
+                           list(nbytes))
+  if np.any(y <= 0):
+    raise invalid_argument("times_us", "positive times", list(times_us))
+  w = 1.0 / y
+  design = np.stack([w, x * w], axis=1)
+  (latency, slope), *_ = np.linalg.lstsq(design, np.ones_like(y), rcond=None)
+  if latency < 0:
+    # Through the origin, still in relative error: minimize sum (s x/y - 1)^2.
+    latency = 0.0
+    slope = float(np.sum(x / y) / np.sum((x / y) ** 2))
+  if slope <= 0:
+    raise ValueError(
+        "Measured transfer times do not grow with size, so no bandwidth can "
+        f"be fitted. Received: nbytes={list(nbytes)}, times_us={list(times_us)}")
+  residual = y - (latency + slope * x)
+  rms = float(np.sqrt(np.mean(residual ** 2)))
+  relative = float(np.sqrt(np.mean((residual / y) ** 2)))
+  return CommFit(Link(float(latency), float(1.0 / slope / 1e3)), rms,
+                 relative, x.size)

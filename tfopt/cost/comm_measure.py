@@ -1,0 +1,129 @@
+"""Measuring tensor copies between two real TensorFlow devices.
+
+By default the two devices are two `tf.distribute.Server` tasks started in
+this process on loopback ports (`/job:worker/task:0` and `task:1`): a tensor
+produced on one and consumed on the other really crosses TensorFlow's gRPC
+runtime. (Two CPU devices of one process share memory, so a "copy" between
+them moves nothing and would fit a meaningless bandwidth.) Any two device
+strings reachable from a session target can be measured instead, e.g. two
+GPUs.
+
+Each size is timed twice: producer and consumer on different devices, then
+both on the consumer's device; the difference is the transfer, so session
+and kernel overheads cancel out of the fit.
+"""
+
+from __future__ import annotations
+
+import socket
+import statistics
+import time
+from typing import Sequence
+
+import numpy as np
+import tensorflow as tf
+
+from tfopt._errors import check_positive_int, invalid_argument
+from tfopt.cost.comm import CommFit, fit_comm_model
+
+DEFAULT_SIZES = tuple(4 ** k for k in range(0, 14))  # 1 B .. 64 MiB
+
+
+def _free_port() -> int:
+  with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+    sock.bind(("localhost", 0))
+    return sock.getsockname()[1]
+
+
+def start_loopback_servers(num_tasks: int = 2) -> list:
+  """Starts `num_tasks` in-process `tf.distribute.Server`s of job "worker"
+  on free loopback ports. They live until the process exits (TensorFlow
+  cannot stop a server)."""
+  check_positive_int("num_tasks", num_tasks)
+  spec = tf.train.ClusterSpec(
+      {"worker": [f"localhost:{_free_port()}" for _ in range(num_tasks)]})
+  return [tf.distribute.Server(spec, job_name="worker", task_index=i,
+                               start=True) for i in range(num_tasks)]
+
+
+def _timed(session, fetch, repeats: int) -> float:
+  session.run(fetch)  # warm-up: allocations and the rendezvous
+  samples = []
+  for _ in range(repeats):
+    start = time.perf_counter()
+    session.run(fetch)
+    samples.append((time.perf_counter() - start) * 1e6)
+  return statistics.median(samples)
+
+
+def measure_transfer_times(sizes: Sequence[int] = DEFAULT_SIZES, *,
+                           src_device: str | None = None,
+                           dst_device: str | None = None, target: str = "",
+                           repeats: int = 5) -> list[tuple[int, float]]:
+  """(bytes, microseconds) of copying a tensor from `src` to `dst`.
+
+  With no devices given, starts two in-process loopback servers and measures
+  worker 1 -> worker 0. Returns one pair per size: the median transfer time
+  over `repeats` runs, minus the same computation without a transfer.
+  """
+  check_positive_int("repeats", repeats)
+  sizes = list(sizes)
+  if not sizes or any(isinstance(s, bool) or not isinstance(s, int) or s <= 0
+                      for s in sizes):
+    raise invalid_argument("sizes", "a non-empty list of positive byte counts",
+                           sizes)
+  servers = []  # keeps the servers referenced while they are measured
+  if src_device is None and dst_device is None:
+    servers = start_loopback_servers(2)
+    target = servers[0].target
+    dst_device, src_device = "/job:worker/task:0", "/job:worker/task:1"
+  elif src_device is None or dst_device is None:
+    raise invalid_argument("src_device", "given together with `dst_device`",
+                           src_device)
+  graph = tf.Graph()
+  fetches = []
+  with graph.as_default():
+    for size in sizes:
+      elements = max(1, size // 4) if size >= 4 else 1
+      dtype = tf.float32 if size >= 4 else tf.int8
+      count = elements if size >= 4 else size
+      pair = []
+      for producer in (src_device, dst_device):
+        with tf.device(producer):
+          # A variable holds the payload, so producing it costs a read, not
+          # a fill, and is the same on both devices.
+          var = tf.Variable(tf.zeros([count], dtype), name="payload")
+          value = var.read_value()
+        with tf.device(dst_device):
+          # Touch one element: the whole tensor must arrive first.
+          pair.append(tf.gather(value, [0]))
+      fetches.append(pair)
+    init = tf.compat.v1.global_variables_initializer()
+  config = tf.compat.v1.ConfigProto(allow_soft_placement=False)
+  config.graph_options.rewrite_options.disable_meta_optimizer = True
+  config.graph_options.optimizer_options.opt_level = (
+      tf.compat.v1.OptimizerOptions.L0)
+  results = []
+  with tf.compat.v1.Session(target, graph=graph, config=config) as session:
+    session.run(init)
+    for size, (remote, local) in zip(sizes, fetches):
+      delta = _timed(session, remote, repeats) - _timed(session, local,
+                                                        repeats)
+      results.append((size, max(0.0, delta)))
+  del servers
+  return results
+
+
+def measure_comm_model(sizes: Sequence[int] = DEFAULT_SIZES, *,
+                       repeats: int = 5, **kwargs) -> tuple[CommFit, list]:
+  """Measures transfers and fits latency + bytes / bandwidth.
+
+  Returns (fit, measurements). `print(fit)` shows the link and its residual.
+  """
+  points = measure_transfer_times(sizes, repeats=repeats, **kwargs)
+  # A copy timed at or below its no-copy twin is noise, not a transfer.
+  usable = [(b, t) for b, t in points if t > 0]
+  if len(usable) < 2:
+    raise RuntimeError(f"Too few transfers measured above noise to fit a "
+                       f"model: {points}")
+  return fit_comm_model([b for b, _ in usable], [t for _, t in usable]), points

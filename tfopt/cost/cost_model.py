@@ -1,0 +1,91 @@
+"""CostModel: per-op compute time and memory, a table keyed by op name.
+
+Costs live apart from the graph's structure (ARCHITECTURE.md: structure apart
+from numbers), so one OpGraph can be costed by profiling, by an analytic
+estimate, or by a file, and the three compared.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import types
+from typing import Iterator, Mapping
+
+from tfopt._errors import invalid_argument
+
+
+@dataclasses.dataclass(frozen=True)
+class OpCost:
+  """What one op costs.
+
+  Attributes:
+    compute_us: run time in microseconds (>= 0).
+    temp_bytes: scratch memory held only while the op runs.
+    persistent_bytes: memory held for the whole step (weights, slots).
+    profiled: False where no measurement existed and the numbers are an
+      estimate.
+  """
+  compute_us: float
+  temp_bytes: int = 0
+  persistent_bytes: int = 0
+  profiled: bool = True
+
+  def __post_init__(self):
+    for field in ("compute_us", "temp_bytes", "persistent_bytes"):
+      value = getattr(self, field)
+      if isinstance(value, bool) or not isinstance(value, (int, float)) or \
+          not value >= 0 or value == float("inf"):
+        raise invalid_argument(field, "a finite number >= 0", value)
+
+
+class CostModel(Mapping[str, OpCost]):
+  """An immutable mapping op name -> OpCost, with a few totals.
+
+  >>> c = CostModel({"a": OpCost(2.0), "b": OpCost(3.0, persistent_bytes=8)})
+  >>> c.total_compute_us(), c["b"].persistent_bytes
+  (5.0, 8)
+  """
+
+  __slots__ = ("_costs", "source")
+
+  def __init__(self, costs: Mapping[str, OpCost], *, source: str = ""):
+    table = {}
+    for name, cost in costs.items():
+      if not isinstance(cost, OpCost):
+        raise invalid_argument(f"costs[{name!r}]", "an OpCost", cost)
+      table[name] = cost
+    self._costs = types.MappingProxyType(table)
+    self.source = source
+
+  def __getitem__(self, name: str) -> OpCost:
+    try:
+      return self._costs[name]
+    except KeyError:
+      raise KeyError(f"No cost for op {name!r}") from None
+
+  def __iter__(self) -> Iterator[str]:
+    return iter(self._costs)
+
+  def __len__(self) -> int:
+    return len(self._costs)
+
+  def __repr__(self) -> str:
+    return (f"CostModel(ops={len(self)}, total_compute_us="
+            f"{self.total_compute_us():.1f}, source={self.source!r})")
+
+  def total_compute_us(self) -> float:
+    return float(sum(c.compute_us for c in self._costs.values()))
+
+  def num_profiled(self) -> int:
+    return sum(1 for c in self._costs.values() if c.profiled)
+
+  def compute_times(self) -> dict[str, float]:
+    """Op name -> compute_us, the form graph analyses take."""
+    return {k: c.compute_us for k, c in self._costs.items()}
+
+  def check_covers(self, graph) -> None:
+    """Raises ValueError naming the first op of `graph` without a cost."""
+    for op in graph.ops:
+      if op.name not in self._costs:
+        raise invalid_argument("costs", f"a cost for every op of graph "
+                               f"{graph.name!r}", f"<missing op {op.name!r}>")

@@ -1,0 +1,33 @@
+"""OpGraph, its construction from TensorFlow, its file format and analyses."""
+
+from tfopt.graph.analysis import (CriticalPath, critical_path, format_summary,
+                                  graph_summary, makespan_lower_bound)
+from tfopt.graph.costgraph_io import (FORMAT, CostGraph, costgraph_from_dict,
+                                      costgraph_to_dict, load_costgraph,
+                                      save_costgraph)
+from tfopt.graph.opgraph import CONTROL, Edge, Op, OpGraph, topological_order
+
+# The TensorFlow-facing constructors import TensorFlow; they are exposed
+# lazily so that reading a costgraph file does not pay for it.
+_LAZY = {
+    "CapturedStep": "tfopt.graph.capture",
+    "capture_function": "tfopt.graph.capture",
+    "capture_train_step": "tfopt.graph.capture",
+    "opgraph_from_function": "tfopt.graph.capture",
+    "opgraph_from_graphdef": "tfopt.graph.capture",
+    "inline_function_calls": "tfopt.graph.inline",
+}
+
+
+def __getattr__(name):
+  if name in _LAZY:
+    import importlib
+    return getattr(importlib.import_module(_LAZY[name]), name)
+  raise AttributeError(f"module 'tfopt.graph' has no attribute {name!r}")
+
+
+__all__ = ["CONTROL", "CostGraph", "CriticalPath", "Edge", "FORMAT", "Op",
+           "OpGraph", "costgraph_from_dict", "costgraph_to_dict",
+           "critical_path", "format_summary", "graph_summary",
+           "load_costgraph", "makespan_lower_bound", "save_costgraph",
+           "topological_order", *_LAZY]
