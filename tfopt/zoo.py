@@ -82,31 +82,31 @@ def small_cnn(*, image_size: int = 32, classes: int = 10,
                   _labelled((image_size, image_size, 3), classes))
 
 
+def _application(name: str, app_name: str, image_size: int, classes: int,
+                 optimizer: Any) -> ZooModel:
+  """A keras.applications model with random weights (weights=None)."""
+  import keras
+  builder = getattr(keras.applications, app_name)
+  model = builder(weights=None, input_shape=(image_size, image_size, 3),
+                  classes=classes, classifier_activation=None)
+  model.compile(optimizer=optimizer, loss=_sparse_ce())
+  return ZooModel(name, model, _labelled((image_size, image_size, 3), classes))
+
+
 def resnet50(*, image_size: int = 224, classes: int = 1000,
              optimizer: Any = "adam") -> ZooModel:
   """keras.applications.ResNet50 with random weights (weights=None)."""
-  import keras
-  model = keras.applications.ResNet50(
-      weights=None, input_shape=(image_size, image_size, 3), classes=classes,
-      classifier_activation=None)
-  model.compile(optimizer=optimizer, loss=_sparse_ce())
-  return ZooModel("resnet50", model,
-                  _labelled((image_size, image_size, 3), classes))
+  return _application("resnet50", "ResNet50", image_size, classes, optimizer)
 
 
 def inception_v3(*, image_size: int = 299, classes: int = 1000,
                  optimizer: Any = "adam") -> ZooModel:
   """keras.applications.InceptionV3 with random weights (weights=None)."""
-  import keras
   if image_size < 75:
     raise invalid_argument("image_size", "at least 75 for Inception-V3",
                            image_size)
-  model = keras.applications.InceptionV3(
-      weights=None, input_shape=(image_size, image_size, 3), classes=classes,
-      classifier_activation=None)
-  model.compile(optimizer=optimizer, loss=_sparse_ce())
-  return ZooModel("inception_v3", model,
-                  _labelled((image_size, image_size, 3), classes))
+  return _application("inception_v3", "InceptionV3", image_size, classes,
+                      optimizer)
 
 
 def transformer_lm(*, vocab_size: int = 8000, seq_len: int = 128,

@@ -22,6 +22,7 @@ def test_adjacency_and_colocation_groups():
   assert dict(g.colocation_groups) == {"loc:@a": ("a", "c")}
   assert [e.is_control for e in g.in_edges("c")] == [False, True]
   assert len(g) == 3 and "b" in g and g["b"].type == "X"
+  assert len({*g.ops, Op("a", "VarHandleOp", (0,), colocation="loc:@a")}) == 3
 
 
 def test_duplicate_names_are_refused():

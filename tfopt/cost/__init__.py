@@ -1,5 +1,6 @@
 """CostModel (per-op time and memory) and CommModel (transfer time)."""
 
+from tfopt._lazy import lazy_getattr
 from tfopt.cost.analytic import CPU, GPU_V100, DeviceSpec, estimate_costs
 from tfopt.cost.comm import CommFit, CommModel, Link, fit_comm_model
 from tfopt.cost.cost_model import CostModel, OpCost
@@ -10,12 +11,7 @@ _LAZY = {
     "measure_comm_model": "tfopt.cost.comm_measure",
 }
 
-
-def __getattr__(name):
-  if name in _LAZY:
-    import importlib
-    return getattr(importlib.import_module(_LAZY[name]), name)
-  raise AttributeError(f"module 'tfopt.cost' has no attribute {name!r}")
+__getattr__ = lazy_getattr("tfopt.cost", _LAZY)
 
 
 __all__ = ["CPU", "CommFit", "CommModel", "CostModel", "DeviceSpec",

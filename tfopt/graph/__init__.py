@@ -1,5 +1,6 @@
 """OpGraph, its construction from TensorFlow, its file format and analyses."""
 
+from tfopt._lazy import lazy_getattr
 from tfopt.graph.analysis import (CriticalPath, critical_path, format_summary,
                                   graph_summary, makespan_lower_bound)
 from tfopt.graph.costgraph_io import (FORMAT, CostGraph, costgraph_from_dict,
@@ -18,12 +19,7 @@ _LAZY = {
     "inline_function_calls": "tfopt.graph.inline",
 }
 
-
-def __getattr__(name):
-  if name in _LAZY:
-    import importlib
-    return getattr(importlib.import_module(_LAZY[name]), name)
-  raise AttributeError(f"module 'tfopt.graph' has no attribute {name!r}")
+__getattr__ = lazy_getattr("tfopt.graph", _LAZY)
 
 
 __all__ = ["CONTROL", "CostGraph", "CriticalPath", "Edge", "FORMAT", "Op",

@@ -394,10 +394,9 @@ def capture_train_step(model, *, batch_size: int | None = None, x=None, y=None,
   check_positive_int("batch_size", batch_size)
 
   def spec_of(a):
+    dtype = a.dtype if hasattr(a, "dtype") else np.asarray(a).dtype
     return tf.TensorSpec((batch_size,) + tuple(np.shape(a)[1:]),
-                         tf.as_dtype(np.asarray(a).dtype)
-                         if not hasattr(a, "dtype") or isinstance(a, np.ndarray)
-                         else tf.as_dtype(a.dtype))
+                         tf.as_dtype(dtype))
 
   if x is not None:
     x_spec = tf.nest.map_structure(spec_of, x)

@@ -58,6 +58,11 @@ class Op:
   def num_outputs(self) -> int:
     return len(self.output_bytes)
 
+  def __hash__(self) -> int:
+    # `attrs` is a dict; equal ops have equal names and types, so hashing
+    # those keeps hash consistent with equality.
+    return hash((self.name, self.type))
+
 
 @dataclasses.dataclass(frozen=True)
 class Edge:
