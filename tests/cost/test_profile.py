@@ -12,8 +12,10 @@ from tfopt.graph import capture_train_step
 
 @pytest.fixture(scope="module")
 def step_and_batch():
-  model = zoo.mlp(input_dim=256, hidden=(512, 512))
-  x, y = model.batch(128)
+  # Big enough that the heavy ops take milliseconds: their times are then
+  # stable run to run even on a shared 2-core machine.
+  model = zoo.mlp(input_dim=512, hidden=(1024, 1024))
+  x, y = model.batch(256)
   return capture_train_step(model.model, x=x, y=y), [x, y]
 
 
@@ -30,22 +32,33 @@ def test_profile_times_are_positive_and_flagged(step_and_batch):
   assert costs.num_profiled() >= len(g) - len(step.input_names)
   # Variables hold their own size for the whole step.
   kernel = next(op.name for op in g.ops if op.name == "dense_0/kernel")
-  assert costs[kernel].persistent_bytes == 256 * 512 * 4
+  assert costs[kernel].persistent_bytes == 512 * 1024 * 4
+
+
+def _ranks(values):
+  return np.argsort(np.argsort(values))
 
 
 def test_two_profiles_agree_within_noise(step_and_batch):
   step, batch = step_and_batch
   first = profile_step(step, inputs=batch, steps=5, warmup=2)
   second = profile_step(step, inputs=batch, steps=5, warmup=2)
+  # Load on a shared 2-core machine slows a whole run down; the totals stay
+  # within a factor that a broken profiler (zeros, wrong units) would miss.
   assert first.total_compute_us() == pytest.approx(
-      second.total_compute_us(), rel=0.35)
-  # The heavy ops (over 100 us) keep their times: per-op log-ratios are
-  # small on average, even on a busy 2-core machine.
-  heavy = [n for n in first if first[n].compute_us > 100]
+      second.total_compute_us(), rel=0.5)
+  # What placement uses is the profile's shape: each heavy op's share of the
+  # step (ops over 2 % of it), and their order. Those agree run to run
+  # (measured here: median share change <= 23 %, rank correlation >= 0.9).
+  heavy = [n for n in first
+           if first[n].compute_us > 0.02 * first.total_compute_us()]
   assert len(heavy) >= 5
-  ratios = [math.log(second[n].compute_us / first[n].compute_us)
-            for n in heavy]
-  assert abs(float(np.median(ratios))) < math.log(1.5)
+  share = lambda costs, n: costs[n].compute_us / costs.total_compute_us()
+  ratios = [math.log(share(second, n) / share(first, n)) for n in heavy]
+  assert float(np.median(np.abs(ratios))) < math.log(1.5)
+  a = _ranks([first[n].compute_us for n in heavy])
+  b = _ranks([second[n].compute_us for n in heavy])
+  assert float(np.corrcoef(a, b)[0, 1]) > 0.7  # Spearman rank correlation
 
 
 def test_bad_arguments_are_named(step_and_batch):
