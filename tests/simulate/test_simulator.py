@@ -1,0 +1,143 @@
+"""The simulator against timelines and memory peaks computed by hand."""
+
+import pytest
+
+from tfopt import Cluster, CommModel, CostModel, OpCost
+from tfopt.graph import Edge, Op, OpGraph
+from tfopt.placement.placement import Placement
+from tfopt.simulate.simulator import simulate
+
+# 10 us + 1000 B at 1 GB/s (1000 B/us) = 11 us per 1000-byte tensor.
+COMM = CommModel.uniform(latency_us=10.0, bandwidth_gbps=1.0)
+
+
+def _cluster(n, cap=None):
+  return Cluster.uniform(n, cap, comm=COMM)
+
+
+def _graph(spec, edges, out=1000):
+  return OpGraph([Op(n, "X", output_bytes=(out,)) for n in spec],
+                 [Edge(s, d, 0, 0, out) for s, d in edges])
+
+
+def _place(mapping, n):
+  return Placement(mapping, n)
+
+
+DIAMOND = _graph("abcd", [("a", "b"), ("a", "c"), ("b", "d"), ("c", "d")])
+DIAMOND_COSTS = {"a": 1.0, "b": 5.0, "c": 2.0, "d": 1.0}
+
+
+def test_single_device_runs_ops_back_to_back():
+  s = simulate(DIAMOND, Placement.single_device(DIAMOND), DIAMOND_COSTS,
+               _cluster(1))
+  assert s.makespan_us == 9.0
+  assert (s.start_us["b"], s.start_us["c"], s.start_us["d"]) == (1.0, 6.0, 8.0)
+  assert s.transfers == ()
+
+
+def test_diamond_on_two_devices_pays_two_transfers():
+  # a(0-1) d0; b(1-6) d0; a->c copy 1-12; c(12-14) d1; c->d copy 14-25;
+  # d(25-26) d0.
+  p = _place({"a": 0, "b": 0, "c": 1, "d": 0}, 2)
+  s = simulate(DIAMOND, p, DIAMOND_COSTS, _cluster(2))
+  assert s.start_us["c"] == 12.0 and s.end_us["c"] == 14.0
+  assert s.start_us["d"] == 25.0 and s.makespan_us == 26.0
+  assert [(t.src_op, t.start_us, t.end_us) for t in s.transfers] == [
+      ("a", 1.0, 12.0), ("c", 14.0, 25.0)]
+
+
+def test_communication_makes_one_device_best():
+  # Splitting the fork saves 2 us of compute but costs 22 us of copies.
+  one = simulate(DIAMOND, Placement.single_device(DIAMOND, 2), DIAMOND_COSTS,
+                 _cluster(2))
+  two = simulate(DIAMOND, _place({"a": 0, "b": 0, "c": 1, "d": 0}, 2),
+                 DIAMOND_COSTS, _cluster(2))
+  assert one.makespan_us == 9.0 < two.makespan_us == 26.0
+
+
+def test_free_communication_makes_two_devices_best():
+  free = Cluster.uniform(2, comm=CommModel.uniform(0.0, 1e9))
+  s = simulate(DIAMOND, _place({"a": 0, "b": 0, "c": 1, "d": 0}, 2),
+               DIAMOND_COSTS, free)
+  assert s.makespan_us == pytest.approx(7.0)  # a, b || c, d
+
+
+def test_a_tensor_is_sent_once_per_device_and_channels_serialize():
+  # a feeds b and c on device 1 (one copy) and e on device 2 (second copy,
+  # which waits for device 0's channel: 12-23).
+  g = _graph("abce", [("a", "b"), ("a", "c"), ("a", "e")])
+  p = _place({"a": 0, "b": 1, "c": 1, "e": 2}, 3)
+  s = simulate(g, p, {n: 1.0 for n in "abce"}, _cluster(3))
+  assert [(t.dst_device, t.start_us, t.end_us) for t in s.transfers] == [
+      (1, 1.0, 12.0), (2, 12.0, 23.0)]
+  assert (s.start_us["b"], s.start_us["c"]) == (12.0, 13.0)
+  assert s.start_us["e"] == 23.0 and s.makespan_us == 24.0
+
+
+def test_receiver_channel_is_shared_too():
+  # a on d0 and b on d1 both send to c on d2: the second copy waits for d2.
+  g = _graph("abc", [("a", "c"), ("b", "c")])
+  s = simulate(g, _place({"a": 0, "b": 1, "c": 2}, 3),
+               {"a": 1.0, "b": 1.0, "c": 1.0}, _cluster(3))
+  assert sorted((t.start_us, t.end_us) for t in s.transfers) == [
+      (1.0, 12.0), (12.0, 23.0)]
+  assert s.makespan_us == 24.0
+
+
+def test_ready_ops_run_in_topological_order_and_control_edges_are_free():
+  g = OpGraph([Op("a", "X", (0,)), Op("b", "X", (0,)), Op("c", "X", (0,))],
+              [Edge("a", "c", -1)])
+  s = simulate(g, _place({"a": 0, "b": 0, "c": 1}, 2),
+               {"a": 2.0, "b": 2.0, "c": 1.0}, _cluster(2))
+  assert (s.start_us["a"], s.start_us["b"]) == (0.0, 2.0)
+  assert s.start_us["c"] == 2.0 and s.transfers == ()
+
+
+def test_liveness_memory_of_a_training_chain():
+  # f1 -> f2 -> loss -> b2 -> b1, and f1's activation is also read by b1.
+  # Outputs of 100 B; f2 temp 50 B; a 1000 B weight on f1.
+  names = ["f1", "f2", "loss", "b2", "b1"]
+  g = OpGraph([Op(n, "X", output_bytes=(100,)) for n in names],
+              [Edge("f1", "f2", 0, 0, 100), Edge("f2", "loss", 0, 0, 100),
+               Edge("loss", "b2", 0, 0, 100), Edge("b2", "b1", 0, 0, 100),
+               Edge("f1", "b1", 0, 1, 100)])
+  costs = CostModel({n: OpCost(1.0) for n in names} |
+                    {"f1": OpCost(1.0, persistent_bytes=1000),
+                     "f2": OpCost(1.0, temp_bytes=50)})
+  s = simulate(g, Placement.single_device(g), costs, _cluster(1))
+  # During f2: weight 1000 + f1 out 100 + f2 out 100 + temp 50 = 1250.
+  # During b2: 1000 + f1 (held for b1) 100 + loss out 100 + b2 out 100 = 1300.
+  assert s.peak_bytes == (1300,)
+  assert not s.memory_exceeded
+  tight = simulate(g, Placement.single_device(g), costs, _cluster(1, 1299))
+  assert tight.memory_exceeded and tight.over_cap() == [(0, 1300, 1299)]
+
+
+def test_received_copies_are_charged_to_the_receiver():
+  g = _graph("ab", [("a", "b")])
+  s = simulate(g, _place({"a": 0, "b": 1}, 2), {"a": 1.0, "b": 1.0},
+               _cluster(2))
+  # d0 holds a's output (1000) until the copy is done; d1 holds the copy and
+  # b's own output (1000 + 1000).
+  assert s.peak_bytes == (1000, 2000)
+
+
+def test_bad_placements_are_named():
+  with pytest.raises(ValueError, match="op 'd' unplaced"):
+    simulate(DIAMOND, _place({"a": 0, "b": 0, "c": 0}, 1), DIAMOND_COSTS,
+             _cluster(1))
+  with pytest.raises(ValueError, match="placement on 2 devices"):
+    simulate(DIAMOND, Placement.single_device(DIAMOND, 2), DIAMOND_COSTS,
+             _cluster(3))
+  with pytest.raises(ValueError, match=r"placement\['a'\].*\[0, 2\)"):
+    Placement({"a": 2}, 2)
+  with pytest.raises(ValueError, match="missing op 'b'"):
+    simulate(DIAMOND, Placement.single_device(DIAMOND), {"a": 1.0},
+             _cluster(1))
+
+
+def test_empty_graph():
+  g = OpGraph([], [])
+  s = simulate(g, Placement({}, 2), {}, _cluster(2))
+  assert s.makespan_us == 0.0 and s.peak_bytes == (0, 0)

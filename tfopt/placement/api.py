@@ -1,0 +1,149 @@
+"""place(graph, cluster, costs, placer="auto") -> PlacementResult.
+
+"auto" is a portfolio: single-device (when the constraints allow it), m-TOPO
+in both modes and m-ETF all run, `simulate` scores each, and the fastest
+feasible plan wins (ties: the earlier candidate, so one device wins a tie).
+It is therefore never worse than one device when one device fits. A named
+placer returns its own plan, still simulated; if it dead-ends, the error says
+so (use "auto" for the retries).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from typing import Callable, Mapping
+
+from tfopt._errors import invalid_argument
+from tfopt.cluster import Cluster
+from tfopt.graph.analysis import makespan_lower_bound
+from tfopt.graph.opgraph import OpGraph
+from tfopt.placement.m_etf import m_etf
+from tfopt.placement.m_topo import m_topo
+from tfopt.placement.placement import Placement
+from tfopt.placement.problem import (InfeasiblePlacement, PlacementProblem,
+                                     make_problem)
+from tfopt.simulate.simulator import Schedule, simulate
+
+
+def _single(problem: PlacementProblem) -> Placement:
+  """Everything on the first device every group may use."""
+  shared = set(range(problem.num_devices))
+  for allowed in problem.allowed.values():
+    shared &= set(allowed)
+  if not shared:
+    raise InfeasiblePlacement("No single device satisfies every op's device "
+                              "types and pins.")
+  return Placement.single_device(problem.graph, problem.num_devices,
+                                 min(shared))
+
+
+PLACERS: dict[str, Callable[[PlacementProblem], Placement]] = {
+    "single": _single,
+    "m-topo": lambda p: m_topo(p, "balanced"),
+    "m-topo-fill": lambda p: m_topo(p, "fill"),
+    "m-etf": m_etf,
+}
+AUTO = ("single", "m-topo", "m-topo-fill", "m-etf")
+
+
+@dataclasses.dataclass(frozen=True)
+class Candidate:
+  """One placer's attempt: its plan and schedule, or why it failed."""
+  placer: str
+  seconds: float
+  placement: Placement | None = None
+  schedule: Schedule | None = None
+  error: str | None = None
+
+  @property
+  def feasible(self) -> bool:
+    return self.schedule is not None and self.schedule.feasible
+
+  @property
+  def makespan_us(self) -> float | None:
+    return None if self.schedule is None else self.schedule.makespan_us
+
+
+@dataclasses.dataclass(frozen=True)
+class PlacementResult:
+  """The chosen plan, its schedule, and every candidate's numbers."""
+  placer: str
+  placement: Placement
+  schedule: Schedule
+  placement_seconds: float
+  candidates: tuple[Candidate, ...]
+  lower_bound_us: float
+  single_device_us: float
+
+  @property
+  def makespan_us(self) -> float:
+    return self.schedule.makespan_us
+
+  def table(self) -> str:
+    """A comparison of all candidates, one line each."""
+    lines = [f"{'placer':<13}{'seconds':>9}{'makespan ms':>13}"
+             f"{'peak MB per device':>32}  status"]
+    for c in self.candidates:
+      if c.schedule is None:
+        lines.append(f"{c.placer:<13}{c.seconds:>9.3f}{'-':>13}{'-':>32}  "
+                     f"failed: {c.error}")
+        continue
+      peaks = "/".join(f"{p / 1e6:,.0f}" for p in c.schedule.peak_bytes)
+      status = "feasible" if c.feasible else "over cap"
+      chosen = "  <- chosen" if c.placer == self.placer else ""
+      lines.append(f"{c.placer:<13}{c.seconds:>9.3f}"
+                   f"{c.schedule.makespan_us / 1e3:>13.2f}{peaks:>32}  "
+                   f"{status}{chosen}")
+    return "\n".join(lines)
+
+
+def place(graph: OpGraph, cluster: Cluster, costs, placer: str = "auto", *,
+          pins: Mapping[str, int] | None = None,
+          headroom: float = 0.0) -> PlacementResult:
+  """Places `graph` on `cluster` (see module doc).
+
+  Args:
+    graph, cluster, costs: what to place, where, and what each op costs.
+    placer: "auto" or one of PLACERS.
+    pins: op name -> device index; the op's colocation group follows.
+    headroom: fraction of each device's cap kept free.
+
+  Raises:
+    InfeasiblePlacement: no candidate produced a plan within the caps; the
+      message names each candidate's failure (and, when one op alone cannot
+      fit, that op and its bytes).
+  """
+  if placer != "auto" and placer not in PLACERS:
+    raise invalid_argument("placer", f"'auto' or one of {sorted(PLACERS)}",
+                           placer)
+  started = time.perf_counter()
+  problem = make_problem(graph, cluster, costs, pins=pins, headroom=headroom)
+  names = AUTO if placer == "auto" else (placer,)
+  candidates = [_attempt(problem, name) for name in names]
+  lower = makespan_lower_bound(graph, problem.costs, len(cluster))
+  everything_on_0 = Placement.single_device(graph, len(cluster))
+  single_us = simulate(graph, everything_on_0, problem.costs,
+                       cluster).makespan_us
+  feasible = [c for c in candidates if c.feasible]
+  if not feasible:
+    reasons = "; ".join(
+        f"{c.placer}: {c.error or 'over cap ' + str(c.schedule.over_cap())}"
+        for c in candidates)
+    raise InfeasiblePlacement(f"No feasible placement on {len(cluster)} "
+                              f"devices. {reasons}")
+  best = min(feasible, key=lambda c: c.schedule.makespan_us)
+  return PlacementResult(best.placer, best.placement, best.schedule,
+                         time.perf_counter() - started, tuple(candidates),
+                         lower, single_us)
+
+
+def _attempt(problem: PlacementProblem, name: str) -> Candidate:
+  start = time.perf_counter()
+  try:
+    placement = PLACERS[name](problem)
+  except InfeasiblePlacement as err:
+    return Candidate(name, time.perf_counter() - start, error=str(err))
+  seconds = time.perf_counter() - start
+  schedule = simulate(problem.graph, placement, problem.costs, problem.cluster)
+  return Candidate(name, seconds, placement, schedule)
