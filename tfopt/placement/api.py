@@ -4,8 +4,9 @@
 in both modes and m-ETF all run, `simulate` scores each, and the fastest
 feasible plan wins (ties: the earlier candidate, so one device wins a tie).
 It is therefore never worse than one device when one device fits. A named
-placer returns its own plan, still simulated; if it dead-ends, the error says
-so (use "auto" for the retries).
+placer returns its own plan, still simulated. m-ETF retries in reserve mode
+(each device limited to 1.1, 1.25, then 1.5 equal shares of the graph's
+memory) before it gives up.
 """
 
 from __future__ import annotations
@@ -38,11 +39,27 @@ def _single(problem: PlacementProblem) -> Placement:
                                  min(shared))
 
 
+RESERVES = (1.1, 1.25, 1.5)
+
+
+def _m_etf_feasibility_first(problem: PlacementProblem) -> Placement:
+  """m-ETF; on a dead-end, m-ETF in reserve mode with growing shares."""
+  try:
+    return m_etf(problem)
+  except InfeasiblePlacement as first:
+    for reserve in RESERVES:
+      try:
+        return m_etf(problem, reserve=reserve)
+      except InfeasiblePlacement:
+        continue
+    raise first
+
+
 PLACERS: dict[str, Callable[[PlacementProblem], Placement]] = {
     "single": _single,
     "m-topo": lambda p: m_topo(p, "balanced"),
     "m-topo-fill": lambda p: m_topo(p, "fill"),
-    "m-etf": m_etf,
+    "m-etf": _m_etf_feasibility_first,
 }
 AUTO = ("single", "m-topo", "m-topo-fill", "m-etf")
 

@@ -27,11 +27,25 @@ from tfopt.placement.problem import (InfeasiblePlacement, PlacementProblem,
                                      new_copies)
 
 
-def m_etf(problem: PlacementProblem) -> Placement:
-  """Places `problem` with m-ETF; raises InfeasiblePlacement on dead-end."""
+def m_etf(problem: PlacementProblem, reserve: float | None = None) -> Placement:
+  """Places `problem` with m-ETF; raises InfeasiblePlacement on dead-end.
+
+  With `reserve`, a colocation group may only start on a device holding less
+  than `reserve` times an equal share of the graph's static memory (its soft
+  cap); the rest of the real cap stays for the copies that members of groups
+  already there will receive. Greedy ETF otherwise fills the first devices
+  and dead-ends when memory is tight.
+  """
   graph = problem.graph
   comm = problem.cluster.comm
   caps = problem.caps
+  soft_caps = caps
+  if reserve is not None:
+    if not reserve >= 1.0:
+      raise ValueError(f"Argument `reserve` must be >= 1. Received: "
+                       f"reserve={reserve}")
+    share = sum(problem.group_memory.values()) / problem.num_devices
+    soft_caps = tuple(min(cap, share * reserve) for cap in caps)
   rank = problem.rank
   dev_free = [0.0] * problem.num_devices
   used = [0] * problem.num_devices
@@ -70,6 +84,8 @@ def m_etf(problem: PlacementProblem) -> Placement:
     need = sum(copies.values())
     if gid not in group_device:
       need += problem.group_memory[gid]
+      if used[d] + need > soft_caps[d]:
+        return None
     if used[d] + need > caps[d]:
       return None
     times = book_copies(name, d, copies, list(channel_free))
@@ -94,7 +110,8 @@ def m_etf(problem: PlacementProblem) -> Placement:
         choice = (result[0], d)
     if choice is None:
       raise InfeasiblePlacement(
-          f"m-ETF found no device with room for op {name!r} (group memory "
+          f"m-ETF{'' if reserve is None else f' (reserve {reserve:g})'} "
+          f"found no device with room for op {name!r} (group memory "
           f"{problem.group_memory[gid] / 1e6:,.0f} MB); used per device: "
           f"{[round(u / 1e6) for u in used]} MB.")
     return choice

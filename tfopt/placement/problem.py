@@ -83,9 +83,8 @@ def make_problem(graph: OpGraph, cluster: Cluster, costs, *,
   pins = dict(pins or {})
   for name, d in pins.items():
     if name not in graph:
-      raise invalid_argument("pins", "a mapping of op names of the graph to "
-                             "device indices", f"{{{name!r}: {d!r}}} (no such "
-                             "op)")
+      raise invalid_argument("pins", f"a mapping of op names of the graph to "
+                             f"device indices (no op is named {name!r})", pins)
     if isinstance(d, bool) or not isinstance(d, int) or not 0 <= d < num:
       raise invalid_argument(f"pins[{name!r}]", f"a device index in [0, "
                              f"{num})", d)

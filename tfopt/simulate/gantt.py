@@ -1,0 +1,71 @@
+"""A Gantt chart of a Schedule: one row per device's compute stream and one
+per device's channel (transfers), as a PNG."""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from typing import Sequence
+
+from tfopt._errors import invalid_argument
+from tfopt.simulate.simulator import Schedule
+
+
+def draw_gantt(schedule: Schedule, path: str, *, title: str = "",
+               device_names: Sequence[str] | None = None,
+               overwrite: bool = False) -> None:
+  """Writes the chart to `path` (PNG) atomically; refuses to overwrite."""
+  import matplotlib  # imported here: only the CLI and reports draw
+  matplotlib.use("Agg")
+  import matplotlib.pyplot as plt
+
+  path = os.fspath(path)
+  if os.path.exists(path) and not overwrite:
+    raise FileExistsError(f"Argument `path` names a file that exists; pass "
+                          f"overwrite=True to replace it. Received: "
+                          f"path={path!r}")
+  directory = os.path.dirname(os.path.abspath(path))
+  if not os.path.isdir(directory):
+    raise invalid_argument("path", "in an existing directory", path)
+  num = len(schedule.peak_bytes)
+  names = list(device_names or [f"device {d}" for d in range(num)])
+  scale = 1e3 if schedule.makespan_us >= 1e4 else 1.0
+  unit = "ms" if scale == 1e3 else "us"
+  fig, ax = plt.subplots(figsize=(12, 1.0 + 0.9 * num))
+  colors = plt.get_cmap("tab10")
+  rows = {}
+  for d in range(num):
+    rows[("compute", d)] = 2 * (num - 1 - d) + 1
+    rows[("channel", d)] = 2 * (num - 1 - d)
+  for d in range(num):
+    bars = [(schedule.start_us[n] / scale,
+             (schedule.end_us[n] - schedule.start_us[n]) / scale)
+            for n, dev in schedule.device.items() if dev == d]
+    ax.broken_barh(bars, (rows[("compute", d)] + 0.1, 0.8),
+                   facecolors=colors(d % 10), edgecolor="none")
+  for t in schedule.transfers:
+    bar = [(t.start_us / scale, (t.end_us - t.start_us) / scale)]
+    for d in (t.src_device, t.dst_device):
+      ax.broken_barh(bar, (rows[("channel", d)] + 0.25, 0.5),
+                     facecolors=colors(t.src_device % 10), alpha=0.6,
+                     edgecolor="none")
+  ticks = sorted(rows.items(), key=lambda kv: kv[1])
+  ax.set_yticks([v + 0.5 for _, v in ticks])
+  ax.set_yticklabels([f"{names[d]} {'ops' if kind == 'compute' else 'copies'}"
+                      for (kind, d), _ in ticks])
+  peaks = ", ".join(f"{p / 1e6:,.0f}" for p in schedule.peak_bytes)
+  ax.set_xlabel(f"time ({unit}); makespan {schedule.makespan_us / scale:,.2f} "
+                f"{unit}; peak MB per device: {peaks}")
+  if title:
+    ax.set_title(title)
+  ax.set_xlim(0, max(schedule.makespan_us / scale, 1e-9))
+  fig.tight_layout()
+  fd, tmp = tempfile.mkstemp(suffix=".png", dir=directory)
+  os.close(fd)
+  try:
+    fig.savefig(tmp, dpi=110)
+    os.replace(tmp, path)
+  finally:
+    plt.close(fig)
+    if os.path.exists(tmp):
+      os.unlink(tmp)
