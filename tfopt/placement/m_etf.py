@@ -6,11 +6,13 @@ group's if it is the group's first op, and the copies of remote inputs).
 Ties go to the op earlier in topological order, then the lower device.
 
 Speed: the reference recomputes every ready op on every device at every
-step. Here each ready op sits once in a heap keyed by its best start time.
-That key can only be stale from below -- device free times only grow and
-free memory only shrinks -- so the popped entry is re-evaluated on its
-device: if the key still holds it is the true minimum and is scheduled,
-otherwise the op is re-keyed and pushed back.
+step. Here each ready op sits once in a heap, keyed by the least of its
+cached per-device start times. Those caches can only be stale from below --
+device and channel free times only grow, free memory only shrinks -- so a
+popped entry is re-evaluated on its own device alone: if the key still holds
+it is the minimum and is scheduled, otherwise that device's cache is raised
+and the op is pushed back with its next-best key. The inner loops run on
+integer indices over precomputed edge tuples.
 
 The placer's timeline books transfers on the sender's and receiver's
 channels as the simulator does: a split that looks free when transfers
@@ -23,8 +25,9 @@ from __future__ import annotations
 import heapq
 
 from tfopt.placement.placement import Placement
-from tfopt.placement.problem import (InfeasiblePlacement, PlacementProblem,
-                                     new_copies)
+from tfopt.placement.problem import InfeasiblePlacement, PlacementProblem
+
+_INF = float("inf")
 
 
 def m_etf(problem: PlacementProblem, reserve: float | None = None) -> Placement:
@@ -38,111 +41,156 @@ def m_etf(problem: PlacementProblem, reserve: float | None = None) -> Placement:
   """
   graph = problem.graph
   comm = problem.cluster.comm
+  num = problem.num_devices
   caps = problem.caps
   soft_caps = caps
   if reserve is not None:
     if not reserve >= 1.0:
       raise ValueError(f"Argument `reserve` must be >= 1. Received: "
                        f"reserve={reserve}")
-    share = sum(problem.group_memory.values()) / problem.num_devices
+    share = sum(problem.group_memory.values()) / num
     soft_caps = tuple(min(cap, share * reserve) for cap in caps)
-  rank = problem.rank
-  dev_free = [0.0] * problem.num_devices
-  used = [0] * problem.num_devices
-  placement: dict[str, int] = {}
-  finish: dict[str, float] = {}
-  resident: set = set()
-  arrival: dict[tuple[str, int, int], float] = {}
-  group_device: dict[str, int] = {}
-  pending = {op.name: len(graph.in_edges(op.name)) for op in graph.ops}
 
-  channel_free = [0.0] * problem.num_devices
+  # Integer view of the problem, in topological order.
+  names = problem.order
+  index = {n: i for i, n in enumerate(names)}
+  n_ops = len(names)
+  group_ids = {g: k for k, g in enumerate(problem.members)}
+  group = [group_ids[problem.group_of[n]] for n in names]
+  group_mem = [problem.group_memory[g] for g in problem.members]
+  group_allowed = [problem.allowed[g] for g in problem.members]
+  compute = [problem.compute_us(n) for n in names]
+  ins = [tuple((index[e.src], e.src_output, e.bytes, e.is_control)
+               for e in graph.in_edges(n)) for n in names]
+  outs = [tuple(index[e.dst] for e in graph.out_edges(n)) for n in names]
+  pending = [len(x) for x in ins]
+  if comm.pairs:
+    transfer = comm.transfer_us
+  else:
+    latency = comm.default.latency_us
+    per_byte = 1.0 / (comm.default.bandwidth_gbps * 1e3)
 
-  def book_copies(name: str, d: int, copies, channels):
-    """Arrival time of each copy `name` needs on `d`, booking `channels`.
+    def transfer(nbytes, src, dst):
+      return latency + nbytes * per_byte if nbytes > 0 and src != dst else 0.0
 
-    Like the simulator, a copy holds the sender's and the receiver's channel;
-    copies are issued in the order their producers finished.
-    """
-    times = {}
-    for key in sorted(copies, key=lambda k: (finish[k[0]], rank[k[0]], k[1])):
-      src, port = key
-      s_dev = placement[src]
-      duration = comm.transfer_us(copies[key], s_dev, d)
-      if duration == 0.0:
-        times[key] = finish[src]
+  place = [-1] * n_ops
+  finish = [0.0] * n_ops
+  dev_free = [0.0] * num
+  channel_free = [0.0] * num
+  used = [0] * num
+  group_device = [-1] * len(group_mem)
+  arrival: dict[tuple[int, int, int], float] = {}  # (src, port, dev) -> t
+  cache = [None] * n_ops  # per op: per-device lower bounds of its start
+
+  def copies_on(i, d):
+    """{(src, port): bytes} that op i would need copied to device d."""
+    copies = {}
+    for s, port, nbytes, ctrl in ins[i]:
+      if ctrl or place[s] == d or (s, port, d) in arrival:
         continue
-      start = max(finish[src], channels[s_dev], channels[d])
-      channels[s_dev] = channels[d] = start + duration
+      if nbytes > copies.get((s, port), -1):
+        copies[(s, port)] = nbytes
+    return copies
+
+  def book(copies, d, channels):
+    """Arrival of each copy on d, booking `channels` in producer order."""
+    times = {}
+    for key in sorted(copies, key=lambda k: (finish[k[0]], k[0], k[1])):
+      s = key[0]
+      sd = place[s]
+      duration = transfer(copies[key], sd, d)
+      if duration == 0.0:
+        times[key] = finish[s]
+        continue
+      start = finish[s]
+      if channels[sd] > start:
+        start = channels[sd]
+      if channels[d] > start:
+        start = channels[d]
+      channels[sd] = channels[d] = start + duration
       times[key] = start + duration
     return times
 
-  def evaluate_on(name: str, d: int):
-    """(start, memory needed) of `name` on `d`, or None if it cannot fit."""
-    gid = problem.group_of[name]
-    copies = new_copies(problem, name, d, placement, resident)
+  def evaluate(i, d):
+    """(start, memory needed, copies) of op i on d; start is inf if no room
+    or if i's colocation group has since settled on another device."""
+    g = group[i]
+    if group_device[g] >= 0 and group_device[g] != d:
+      return _INF, 0, {}
+    copies = copies_on(i, d)
     need = sum(copies.values())
-    if gid not in group_device:
-      need += problem.group_memory[gid]
+    if group_device[g] < 0:
+      need += group_mem[g]
       if used[d] + need > soft_caps[d]:
-        return None
+        return _INF, need, copies
     if used[d] + need > caps[d]:
-      return None
-    times = book_copies(name, d, copies, list(channel_free))
-    ready = 0.0
-    for e in graph.in_edges(name):
-      if placement[e.src] == d or e.is_control:
-        t = finish[e.src]
+      return _INF, need, copies
+    times = book(copies, d, list(channel_free)) if copies else {}
+    ready = dev_free[d]
+    for s, port, _, ctrl in ins[i]:
+      if ctrl or place[s] == d:
+        t = finish[s]
       else:
-        key = (e.src, e.src_output)
-        t = times[key] if key in times else arrival[(e.src, e.src_output, d)]
-      ready = max(ready, t)
-    return max(dev_free[d], ready), need
+        t = times.get((s, port))
+        if t is None:
+          t = arrival[(s, port, d)]
+      if t > ready:
+        ready = t
+    return ready, need, copies
 
-  def best(name: str):
-    gid = problem.group_of[name]
-    candidates = ((group_device[gid],) if gid in group_device
-                  else problem.allowed[gid])
-    choice = None
-    for d in candidates:
-      result = evaluate_on(name, d)
-      if result is not None and (choice is None or result[0] < choice[0]):
-        choice = (result[0], d)
-    if choice is None:
-      raise InfeasiblePlacement(
-          f"m-ETF{'' if reserve is None else f' (reserve {reserve:g})'} "
-          f"found no device with room for op {name!r} (group memory "
-          f"{problem.group_memory[gid] / 1e6:,.0f} MB); used per device: "
-          f"{[round(u / 1e6) for u in used]} MB.")
-    return choice
+  def key_of(i):
+    """(best cached start, device) of op i."""
+    best_t, best_d = _INF, -1
+    for d, t in cache[i].items():
+      if t < best_t or (t == best_t and d < best_d):
+        best_t, best_d = t, d
+    return best_t, best_d
 
-  heap = []
-  for name in problem.order:
-    if pending[name] == 0:
-      start, d = best(name)
-      heap.append((start, rank[name], d, name))
-  heapq.heapify(heap)
+  def fail(i):
+    g = group[i]
+    mode = "" if reserve is None else f" (reserve {reserve:g})"
+    raise InfeasiblePlacement(
+        f"m-ETF{mode} found no device with room for op {names[i]!r} (group "
+        f"memory {group_mem[g] / 1e6:,.0f} MB); used per device: "
+        f"{[round(u / 1e6) for u in used]} MB.")
+
+  def make_ready(i, heap):
+    g = group[i]
+    devices = ((group_device[g],) if group_device[g] >= 0
+               else group_allowed[g])
+    cache[i] = {d: evaluate(i, d)[0] for d in devices}
+    t, d = key_of(i)
+    if t == _INF:
+      fail(i)
+    heapq.heappush(heap, (t, i, d))
+
+  heap: list[tuple[float, int, int]] = []
+  for i in range(n_ops):
+    if pending[i] == 0:
+      make_ready(i, heap)
   while heap:
-    start, r, d, name = heapq.heappop(heap)
-    current = evaluate_on(name, d)
-    if current is None or current[0] > start:
-      new_start, new_d = best(name)
-      heapq.heappush(heap, (new_start, r, new_d, name))
+    t, i, d = heapq.heappop(heap)
+    start, need, copies = evaluate(i, d)
+    if start > t:
+      cache[i][d] = start
+      t2, d2 = key_of(i)
+      if t2 == _INF:
+        fail(i)
+      heapq.heappush(heap, (t2, i, d2))
       continue
-    # Commit `name` to `d`.
-    gid = problem.group_of[name]
-    copies = new_copies(problem, name, d, placement, resident)
-    for (src, port), t in book_copies(name, d, copies, channel_free).items():
-      resident.add((src, port, d))
-      arrival[(src, port, d)] = t
-    used[d] += current[1]
-    group_device.setdefault(gid, d)
-    placement[name] = d
-    finish[name] = start + problem.compute_us(name)
-    dev_free[d] = finish[name]
-    for e in graph.out_edges(name):
-      pending[e.dst] -= 1
-      if pending[e.dst] == 0:
-        s, dd = best(e.dst)
-        heapq.heappush(heap, (s, rank[e.dst], dd, e.dst))
-  return Placement(placement, problem.num_devices)
+    # Commit op i to device d.
+    for key, when in book(copies, d, channel_free).items():
+      arrival[(key[0], key[1], d)] = when
+    used[d] += need
+    g = group[i]
+    if group_device[g] < 0:
+      group_device[g] = d
+    place[i] = d
+    finish[i] = start + compute[i]
+    dev_free[d] = finish[i]
+    cache[i] = None
+    for j in outs[i]:
+      pending[j] -= 1
+      if pending[j] == 0:
+        make_ready(j, heap)
+  return Placement({names[i]: place[i] for i in range(n_ops)}, num)
