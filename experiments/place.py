@@ -29,7 +29,7 @@ from tfopt._io import atomic_write_text
 from tfopt.cost.comm import PCIE_BANDWIDTH_GBPS, PCIE_LATENCY_US, CommModel
 from tfopt.graph import load_costgraph
 from tfopt.graph.synthetic import total_memory
-from tfopt.placement import AUTO, PLACERS, InfeasiblePlacement, place
+from tfopt.placement import PLACERS, InfeasiblePlacement, place
 
 FLAGS = flags.FLAGS
 flags.DEFINE_string("costgraph", None, "A tfopt.costgraph/1 file.")
@@ -107,7 +107,8 @@ def main(argv):
         f"{FLAGS.comm_latency_us:g} us + bytes / {FLAGS.comm_bandwidth_gbps:g}"
         f" GB/s")
   print(f"placer            {result.placer}"
-        f"{' (portfolio of ' + ', '.join(AUTO) + ')' if FLAGS.placer == 'auto' else ''}")
+        + (f" (portfolio of {', '.join(c.placer for c in result.candidates)})"
+           if FLAGS.placer == "auto" else ""))
   print(f"placement time    {result.placement_seconds:.3f} s")
   print(f"makespan          {result.makespan_us / 1e3:,.2f} ms")
   print(f"single device     {result.single_device_us / 1e3:,.2f} ms")

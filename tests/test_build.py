@@ -29,6 +29,7 @@ def test_every_module_and_test_has_a_target():
   targets = _targets()
   names = [t[1] for t in targets]
   assert len(names) == len(set(names)), "duplicate target names"
+  # On failure: python tools/update_build.py
   library = {s for rule, _, srcs in targets if rule == "py_library"
              for s in srcs}
   assert _py_files("tfopt") <= library, _py_files("tfopt") - library

@@ -1,7 +1,9 @@
 """place(graph, cluster, costs, placer="auto") -> PlacementResult.
 
 "auto" is a portfolio: single-device (when the constraints allow it), m-TOPO
-in both modes and m-ETF all run, `simulate` scores each, and the fastest
+in both modes, m-ETF on all devices and m-ETF on the first 2, 4, ... devices
+("m-etf@k": greedy ETF spreads over every device it is given, which costs
+transfers) all run, `simulate` scores each, and the fastest
 feasible plan wins (ties: the earlier candidate, so one device wins a tie).
 It is therefore never worse than one device when one device fits. A named
 placer returns its own plan, still simulated. m-ETF retries in reserve mode
@@ -42,14 +44,15 @@ def _single(problem: PlacementProblem) -> Placement:
 RESERVES = (1.1, 1.25, 1.5)
 
 
-def _m_etf_feasibility_first(problem: PlacementProblem) -> Placement:
+def _m_etf_feasibility_first(problem: PlacementProblem,
+                             max_devices: int | None = None) -> Placement:
   """m-ETF; on a dead-end, m-ETF in reserve mode with growing shares."""
   try:
-    return m_etf(problem)
+    return m_etf(problem, max_devices=max_devices)
   except InfeasiblePlacement as first:
     for reserve in RESERVES:
       try:
-        return m_etf(problem, reserve=reserve)
+        return m_etf(problem, reserve=reserve, max_devices=max_devices)
       except InfeasiblePlacement:
         continue
     raise first
@@ -62,6 +65,27 @@ PLACERS: dict[str, Callable[[PlacementProblem], Placement]] = {
     "m-etf": _m_etf_feasibility_first,
 }
 AUTO = ("single", "m-topo", "m-topo-fill", "m-etf")
+
+
+def _auto_names(problem: PlacementProblem) -> tuple[str, ...]:
+  """The portfolio: AUTO plus m-ETF on the first 2, 4, ... devices, where
+  those devices' caps can hold the graph's static memory at all (otherwise
+  the run is sure to dead-end and would only cost time)."""
+  total = sum(problem.group_memory.values())
+  subsets = []
+  k = 2
+  while k < problem.num_devices:
+    if sum(problem.caps[:k]) >= total:
+      subsets.append(f"m-etf@{k}")
+    k *= 2
+  return AUTO + tuple(subsets)
+
+
+def _placer(name: str) -> Callable[[PlacementProblem], Placement]:
+  if name.startswith("m-etf@"):
+    k = int(name.split("@")[1])
+    return lambda p: _m_etf_feasibility_first(p, max_devices=k)
+  return PLACERS[name]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -136,7 +160,7 @@ def place(graph: OpGraph, cluster: Cluster, costs, placer: str = "auto", *,
                            placer)
   started = time.perf_counter()
   problem = make_problem(graph, cluster, costs, pins=pins, headroom=headroom)
-  names = AUTO if placer == "auto" else (placer,)
+  names = _auto_names(problem) if placer == "auto" else (placer,)
   candidates = [_attempt(problem, name) for name in names]
   lower = makespan_lower_bound(graph, problem.costs, len(cluster))
   everything_on_0 = Placement.single_device(graph, len(cluster))
@@ -158,7 +182,7 @@ def place(graph: OpGraph, cluster: Cluster, costs, placer: str = "auto", *,
 def _attempt(problem: PlacementProblem, name: str) -> Candidate:
   start = time.perf_counter()
   try:
-    placement = PLACERS[name](problem)
+    placement = _placer(name)(problem)
   except InfeasiblePlacement as err:
     return Candidate(name, time.perf_counter() - start, error=str(err))
   seconds = time.perf_counter() - start

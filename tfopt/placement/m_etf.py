@@ -30,8 +30,13 @@ from tfopt.placement.problem import InfeasiblePlacement, PlacementProblem
 _INF = float("inf")
 
 
-def m_etf(problem: PlacementProblem, reserve: float | None = None) -> Placement:
+def m_etf(problem: PlacementProblem, reserve: float | None = None,
+          max_devices: int | None = None) -> Placement:
   """Places `problem` with m-ETF; raises InfeasiblePlacement on dead-end.
+
+  With `max_devices`, only the first `max_devices` devices are used (groups
+  whose constraints allow none of them keep their own devices): greedy ETF
+  spreads over every device it is given, which costs transfers.
 
   With `reserve`, a colocation group may only start on a device holding less
   than `reserve` times an equal share of the graph's static memory (its soft
@@ -48,7 +53,7 @@ def m_etf(problem: PlacementProblem, reserve: float | None = None) -> Placement:
     if not reserve >= 1.0:
       raise ValueError(f"Argument `reserve` must be >= 1. Received: "
                        f"reserve={reserve}")
-    share = sum(problem.group_memory.values()) / num
+    share = sum(problem.group_memory.values()) / min(num, max_devices or num)
     soft_caps = tuple(min(cap, share * reserve) for cap in caps)
 
   # Integer view of the problem, in topological order.
@@ -59,6 +64,9 @@ def m_etf(problem: PlacementProblem, reserve: float | None = None) -> Placement:
   group = [group_ids[problem.group_of[n]] for n in names]
   group_mem = [problem.group_memory[g] for g in problem.members]
   group_allowed = [problem.allowed[g] for g in problem.members]
+  if max_devices is not None:
+    group_allowed = [tuple(d for d in a if d < max_devices) or a
+                     for a in group_allowed]
   compute = [problem.compute_us(n) for n in names]
   ins = [tuple((index[e.src], e.src_output, e.bytes, e.is_control)
                for e in graph.in_edges(n)) for n in names]
