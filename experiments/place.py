@@ -37,7 +37,7 @@ flags.DEFINE_integer("devices", 4, "Number of devices.")
 flags.DEFINE_integer("memory_per_device", None, "Cap per device, in bytes.")
 flags.DEFINE_float("memory_fraction", None, "Cap per device as a fraction of "
                    "the graph's total memory.")
-flags.DEFINE_enum("placer", "auto", ["auto", *PLACERS], "Placer.")
+flags.DEFINE_enum("placer", "auto", ["auto", "exact", *PLACERS], "Placer.")
 flags.DEFINE_float("headroom", 0.0, "Fraction of each cap kept free.")
 flags.DEFINE_float("comm_latency_us", PCIE_LATENCY_US, "Transfer latency.")
 flags.DEFINE_float("comm_bandwidth_gbps", PCIE_BANDWIDTH_GBPS,

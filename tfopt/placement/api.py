@@ -3,8 +3,10 @@
 "auto" is a portfolio: single-device (when the constraints allow it), m-TOPO
 in both modes, m-ETF on all devices and m-ETF on the first 2, 4, ... devices
 ("m-etf@k": greedy ETF spreads over every device it is given, which costs
-transfers) all run, `simulate` scores each, and the fastest
-feasible plan wins (ties: the earlier candidate, so one device wins a tie).
+transfers) all run, and on graphs of at most EXACT_IN_AUTO_MAX_OPS ops the
+exact CP-SAT placer starts from the best of them (it also repairs any graph
+of at most exact.MAX_OPS ops that every heuristic dead-ended on). `simulate`
+scores each, and the fastest feasible plan wins (ties: the earlier candidate, so one device wins a tie).
 It is therefore never worse than one device when one device fits. A named
 placer returns its own plan, still simulated. m-ETF retries in reserve mode
 (each device limited to 1.1, 1.25, then 1.5 equal shares of the graph's
@@ -21,6 +23,7 @@ from tfopt._errors import invalid_argument
 from tfopt.cluster import Cluster
 from tfopt.graph.analysis import makespan_lower_bound
 from tfopt.graph.opgraph import OpGraph
+from tfopt.placement import exact as exact_placer
 from tfopt.placement.m_etf import m_etf
 from tfopt.placement.m_topo import m_topo
 from tfopt.placement.placement import Placement
@@ -65,6 +68,12 @@ PLACERS: dict[str, Callable[[PlacementProblem], Placement]] = {
     "m-etf": _m_etf_feasibility_first,
 }
 AUTO = ("single", "m-topo", "m-topo-fill", "m-etf")
+# CP-SAT's deterministic time ran about 5x wall seconds on 2 cores, and on
+# 60-op graphs its contention-free plans simulated no faster than m-ETF's:
+# in "auto" it runs only where it is cheap, or as a repair.
+EXACT_IN_AUTO_MAX_OPS = 24
+EXACT_AUTO_TIME = 1.0
+EXACT_REPAIR_TIME = 5.0
 
 
 def _auto_names(problem: PlacementProblem) -> tuple[str, ...]:
@@ -96,6 +105,7 @@ class Candidate:
   placement: Placement | None = None
   schedule: Schedule | None = None
   error: str | None = None
+  note: str = ""
 
   @property
   def feasible(self) -> bool:
@@ -133,9 +143,10 @@ class PlacementResult:
       peaks = "/".join(f"{p / 1e6:,.0f}" for p in c.schedule.peak_bytes)
       status = "feasible" if c.feasible else "over cap"
       chosen = "  <- chosen" if c.placer == self.placer else ""
+      note = f" ({c.note})" if c.note else ""
       lines.append(f"{c.placer:<13}{c.seconds:>9.3f}"
                    f"{c.schedule.makespan_us / 1e3:>13.2f}{peaks:>32}  "
-                   f"{status}{chosen}")
+                   f"{status}{note}{chosen}")
     return "\n".join(lines)
 
 
@@ -155,13 +166,28 @@ def place(graph: OpGraph, cluster: Cluster, costs, placer: str = "auto", *,
       message names each candidate's failure (and, when one op alone cannot
       fit, that op and its bytes).
   """
-  if placer != "auto" and placer not in PLACERS:
-    raise invalid_argument("placer", f"'auto' or one of {sorted(PLACERS)}",
-                           placer)
+  if placer not in ("auto", "exact") and placer not in PLACERS:
+    raise invalid_argument("placer", f"'auto', 'exact' or one of "
+                           f"{sorted(PLACERS)}", placer)
   started = time.perf_counter()
   problem = make_problem(graph, cluster, costs, pins=pins, headroom=headroom)
-  names = _auto_names(problem) if placer == "auto" else (placer,)
-  candidates = [_attempt(problem, name) for name in names]
+  if placer == "exact":
+    hint = _attempt(problem, "m-etf")
+    candidates = [_exact_attempt(problem, hint if hint.feasible else None,
+                                 10.0)]
+  else:
+    names = _auto_names(problem) if placer == "auto" else (placer,)
+    candidates = [_attempt(problem, name) for name in names]
+  if placer == "auto":
+    feasible_so_far = [c for c in candidates if c.feasible]
+    best_so_far = min(feasible_so_far, key=lambda c: c.makespan_us,
+                      default=None)
+    # Small graphs: the exact placer, warm-started from the best plan.
+    # Any graph the heuristics could not place: the exact placer as repair.
+    if len(graph) <= EXACT_IN_AUTO_MAX_OPS:
+      candidates.append(_exact_attempt(problem, best_so_far, EXACT_AUTO_TIME))
+    elif best_so_far is None and len(graph) <= exact_placer.MAX_OPS:
+      candidates.append(_exact_attempt(problem, None, EXACT_REPAIR_TIME))
   lower = makespan_lower_bound(graph, problem.costs, len(cluster))
   everything_on_0 = Placement.single_device(graph, len(cluster))
   single_us = simulate(graph, everything_on_0, problem.costs,
@@ -177,6 +203,24 @@ def place(graph: OpGraph, cluster: Cluster, costs, placer: str = "auto", *,
   return PlacementResult(best.placer, best.placement, best.schedule,
                          time.perf_counter() - started, tuple(candidates),
                          lower, single_us)
+
+
+def _exact_attempt(problem: PlacementProblem, hint: Candidate | None,
+                   deterministic_time: float) -> Candidate:
+  start = time.perf_counter()
+  try:
+    result = exact_placer.exact(
+        problem, hint=None if hint is None else hint.placement,
+        hint_starts=None if hint is None else hint.schedule.start_us,
+        deterministic_time=deterministic_time)
+  except (InfeasiblePlacement, ValueError) as err:
+    return Candidate("exact", time.perf_counter() - start, error=str(err))
+  seconds = time.perf_counter() - start
+  schedule = simulate(problem.graph, result.placement, problem.costs,
+                      problem.cluster)
+  note = (f"{result.status}, gap {100 * result.gap:.1f} %"
+          + (", kept the warm start" if result.used_hint else ""))
+  return Candidate("exact", seconds, result.placement, schedule, note=note)
 
 
 def _attempt(problem: PlacementProblem, name: str) -> Candidate:
