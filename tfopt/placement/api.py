@@ -24,6 +24,7 @@ from tfopt.cluster import Cluster
 from tfopt.graph.analysis import makespan_lower_bound
 from tfopt.graph.opgraph import OpGraph
 from tfopt.placement import exact as exact_placer
+from tfopt.placement.coarsen import Coarsening, coarsen as coarsen_graph
 from tfopt.placement.m_etf import m_etf
 from tfopt.placement.m_topo import m_topo
 from tfopt.placement.placement import Placement
@@ -74,6 +75,10 @@ AUTO = ("single", "m-topo", "m-topo-fill", "m-etf")
 EXACT_IN_AUTO_MAX_OPS = 24
 EXACT_AUTO_TIME = 1.0
 EXACT_REPAIR_TIME = 5.0
+# "auto" also places the coarsened graph (each plan expanded back and
+# simulated on the original) up to this size; beyond it, time is better
+# spent on the original graph's candidates.
+COARSE_IN_AUTO_MAX_OPS = 5000
 
 
 def _auto_names(problem: PlacementProblem) -> tuple[str, ...]:
@@ -133,26 +138,26 @@ class PlacementResult:
 
   def table(self) -> str:
     """A comparison of all candidates, one line each."""
-    lines = [f"{'placer':<13}{'seconds':>9}{'makespan ms':>13}"
+    lines = [f"{'placer':<19}{'seconds':>9}{'makespan ms':>13}"
              f"{'peak MB per device':>32}  status"]
     for c in self.candidates:
       if c.schedule is None:
-        lines.append(f"{c.placer:<13}{c.seconds:>9.3f}{'-':>13}{'-':>32}  "
+        lines.append(f"{c.placer:<19}{c.seconds:>9.3f}{'-':>13}{'-':>32}  "
                      f"failed: {c.error}")
         continue
       peaks = "/".join(f"{p / 1e6:,.0f}" for p in c.schedule.peak_bytes)
       status = "feasible" if c.feasible else "over cap"
       chosen = "  <- chosen" if c.placer == self.placer else ""
       note = f" ({c.note})" if c.note else ""
-      lines.append(f"{c.placer:<13}{c.seconds:>9.3f}"
+      lines.append(f"{c.placer:<19}{c.seconds:>9.3f}"
                    f"{c.schedule.makespan_us / 1e3:>13.2f}{peaks:>32}  "
                    f"{status}{note}{chosen}")
     return "\n".join(lines)
 
 
 def place(graph: OpGraph, cluster: Cluster, costs, placer: str = "auto", *,
-          pins: Mapping[str, int] | None = None,
-          headroom: float = 0.0) -> PlacementResult:
+          pins: Mapping[str, int] | None = None, headroom: float = 0.0,
+          coarsen: bool | None = None) -> PlacementResult:
   """Places `graph` on `cluster` (see module doc).
 
   Args:
@@ -171,13 +176,17 @@ def place(graph: OpGraph, cluster: Cluster, costs, placer: str = "auto", *,
                            f"{sorted(PLACERS)}", placer)
   started = time.perf_counter()
   problem = make_problem(graph, cluster, costs, pins=pins, headroom=headroom)
+  names = _auto_names(problem) if placer == "auto" else (placer,)
   if placer == "exact":
     hint = _attempt(problem, "m-etf")
     candidates = [_exact_attempt(problem, hint if hint.feasible else None,
                                  10.0)]
   else:
-    names = _auto_names(problem) if placer == "auto" else (placer,)
     candidates = [_attempt(problem, name) for name in names]
+  if coarsen is None:
+    coarsen = placer == "auto" and len(graph) <= COARSE_IN_AUTO_MAX_OPS
+  if coarsen and placer != "exact":
+    candidates += _coarse_attempts(problem, names, pins, headroom)
   if placer == "auto":
     feasible_so_far = [c for c in candidates if c.feasible]
     best_so_far = min(feasible_so_far, key=lambda c: c.makespan_us,
@@ -203,6 +212,44 @@ def place(graph: OpGraph, cluster: Cluster, costs, placer: str = "auto", *,
   return PlacementResult(best.placer, best.placement, best.schedule,
                          time.perf_counter() - started, tuple(candidates),
                          lower, single_us)
+
+
+def _coarse_attempts(problem: PlacementProblem, names, pins,
+                     headroom: float) -> list[Candidate]:
+  """Each placer on the coarsened graph, expanded and simulated."""
+  start = time.perf_counter()
+  coarsening = coarsen_graph(problem.graph, problem.costs)
+  coarse_pins = {}
+  for op, d in (pins or {}).items():
+    g = coarsening.group_of[op]
+    if coarse_pins.get(g, d) != d:
+      return [Candidate("coarse", time.perf_counter() - start,
+                        error=f"pins disagree inside coarse op {g!r}")]
+    coarse_pins[g] = d
+  try:
+    coarse_problem = make_problem(coarsening.graph, problem.cluster,
+                                  coarsening.costs, pins=coarse_pins,
+                                  headroom=headroom)
+  except (InfeasiblePlacement, ValueError) as err:
+    return [Candidate("coarse", time.perf_counter() - start, error=str(err))]
+  overhead = time.perf_counter() - start
+  out = []
+  for name in names:
+    if name == "single":
+      continue  # identical to the original graph's single-device plan
+    t0 = time.perf_counter()
+    try:
+      placement = coarsening.expand(_placer(name)(coarse_problem))
+    except InfeasiblePlacement as err:
+      out.append(Candidate(f"{name}/coarse", time.perf_counter() - t0 +
+                           overhead, error=str(err)))
+      continue
+    seconds = time.perf_counter() - t0 + overhead
+    schedule = simulate(problem.graph, placement, problem.costs,
+                        problem.cluster)
+    out.append(Candidate(f"{name}/coarse", seconds, placement, schedule,
+                         note=coarsening.describe()))
+  return out
 
 
 def _exact_attempt(problem: PlacementProblem, hint: Candidate | None,

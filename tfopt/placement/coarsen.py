@@ -1,0 +1,271 @@
+"""Coarsening before placement: propose groups, contract them, expand back.
+
+`propose_groups` merges an op into its neighbour along an edge u -> v when
+the merge can never create a cycle: u has no other successor, or v no other
+predecessor (then the edge is the only path between them). It repeats on the
+merged graph until nothing changes, never letting a group's compute or
+memory exceed a cap (large groups would serialize work the devices could
+share, or not fit) and never merging different device-type constraints.
+Merging ops of two colocation groups joins the groups. Members of a
+colocation group that cannot be merged safely (a variable and its update are
+joined by the whole forward and backward path) stay separate coarse ops that
+share the group's colocation label, so they still land on one device.
+
+`contract` builds the coarse OpGraph and CostModel. A coarse op carries
+  * compute: the sum of its members';
+  * persistent bytes: the sum of its members';
+  * outputs: one port per member tensor read outside the group;
+  * temp bytes: its *internal* liveness peak beyond those outputs, running
+    the members in topological order (a tensor read only inside is freed
+    after its last reader), so memory inside a group is never lost.
+`expand` maps a coarse placement back onto every original op.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Mapping
+
+from tfopt._errors import invalid_argument
+from tfopt.cost.cost_model import CostModel, OpCost
+from tfopt.graph.opgraph import CONTROL, Edge, Op, OpGraph, topological_order
+from tfopt.placement.placement import Placement
+
+
+@dataclasses.dataclass(frozen=True)
+class Coarsening:
+  """A coarse graph, its costs, and the member -> coarse op map."""
+  graph: OpGraph
+  costs: CostModel
+  group_of: Mapping[str, str]
+  original_ops: int
+  original_edges: int
+
+  @property
+  def reduction(self) -> float:
+    """original ops / coarse ops."""
+    return self.original_ops / max(1, len(self.graph))
+
+  def describe(self) -> str:
+    return (f"coarsened {self.original_ops} ops / {self.original_edges} "
+            f"edges to {len(self.graph)} / {len(self.graph.edges)} "
+            f"({self.reduction:.1f}x fewer ops)")
+
+  def expand(self, placement: Placement) -> Placement:
+    """The placement of every original op from the coarse `placement`."""
+    return Placement({m: placement[g] for m, g in self.group_of.items()},
+                     placement.num_devices)
+
+
+def propose_groups(graph: OpGraph, costs, *,
+                   max_group_us: float | None = None,
+                   max_group_bytes: float | None = None
+                   ) -> tuple[dict[str, str], dict[str, str]]:
+  """(op -> representative op of its group, colocation label -> label).
+
+  Merging ops of two colocation groups joins the groups (a stronger, still
+  valid constraint); the second map sends each original label to the label
+  of the joined group. A merge is refused when a group -- or a joined
+  colocation group -- would exceed `max_group_us` of compute (default 2 %
+  of the graph's total) or `max_group_bytes` of static memory (default 2 %
+  of the graph's total).
+  """
+  times = {op.name: costs[op.name].compute_us for op in graph.ops}
+  memory = {op.name: costs[op.name].persistent_bytes +
+            costs[op.name].temp_bytes + sum(op.output_bytes)
+            for op in graph.ops}
+  if max_group_us is None:
+    max_group_us = 0.02 * sum(times.values())
+  if max_group_bytes is None:
+    max_group_bytes = 0.02 * sum(memory.values())
+  if not max_group_us >= 0:
+    raise invalid_argument("max_group_us", "a number >= 0", max_group_us)
+  if not max_group_bytes >= 0:
+    raise invalid_argument("max_group_bytes", "a number >= 0",
+                           max_group_bytes)
+  parent = {op.name: op.name for op in graph.ops}
+  # Colocation labels form their own union-find: joined groups share one.
+  lab_parent: dict[str, str] = {}
+  lab_us: dict[str, float] = {}
+  lab_bytes: dict[str, float] = {}
+  for op in graph.ops:
+    if op.colocation is not None:
+      lab_parent[op.colocation] = op.colocation
+      lab_us[op.colocation] = lab_us.get(op.colocation, 0.0) + times[op.name]
+      lab_bytes[op.colocation] = (lab_bytes.get(op.colocation, 0.0) +
+                                  memory[op.name])
+
+  def lab_find(x):
+    while lab_parent[x] != x:
+      lab_parent[x] = lab_parent[lab_parent[x]]
+      x = lab_parent[x]
+    return x
+
+  def find(x):
+    while parent[x] != x:
+      parent[x] = parent[parent[x]]
+      x = parent[x]
+    return x
+
+  group_us = dict(times)
+  group_bytes = dict(memory)
+  label = {op.name: op.colocation for op in graph.ops}
+  dtypes = {op.name: op.device_types for op in graph.ops}
+  order = {n: i for i, n in enumerate(topological_order(graph))}
+  succ = {op.name: set() for op in graph.ops}
+  pred = {op.name: set() for op in graph.ops}
+  for e in graph.edges:
+    succ[e.src].add(e.dst)
+    pred[e.dst].add(e.src)
+  edges = sorted({(e.src, e.dst) for e in graph.edges},
+                 key=lambda sd: (order[sd[0]], order[sd[1]]))
+
+  def merge(a, b):
+    root, other = (a, b) if order[a] < order[b] else (b, a)
+    parent[other] = root
+    group_us[root] += group_us[other]
+    group_bytes[root] += group_bytes[other]
+    la, lb = label[root], label[other]
+    if la is not None and lb is not None:
+      ra, rb = lab_find(la), lab_find(lb)
+      if ra != rb:
+        lab_parent[rb] = ra
+        lab_us[ra] += lab_us[rb]
+        lab_bytes[ra] += lab_bytes[rb]
+    elif la is None:
+      label[root] = lb
+    dtypes[root] = dtypes[root] or dtypes[other]
+    # Keep the coarse graph's adjacency current: `other` becomes `root`.
+    for x in succ.pop(other):
+      pred[x].discard(other)
+      if x != root:
+        pred[x].add(root)
+        succ[root].add(x)
+    for x in pred.pop(other):
+      succ[x].discard(other)
+      if x != root:
+        succ[x].add(root)
+        pred[root].add(x)
+    succ[root].discard(root)
+    pred[root].discard(root)
+
+  changed = True
+  while changed:
+    changed = False
+    for src, dst in edges:
+      a, b = find(src), find(dst)
+      if a == b or b not in succ[a]:
+        continue
+      # Safe: the edge is the only path between the two groups.
+      if len(succ[a]) != 1 and len(pred[b]) != 1:
+        continue
+      if dtypes[a] and dtypes[b] and dtypes[a] != dtypes[b]:
+        continue
+      if group_us[a] + group_us[b] > max_group_us or \
+          group_bytes[a] + group_bytes[b] > max_group_bytes:
+        continue
+      la, lb = label[a], label[b]
+      if la is not None and lb is not None:
+        ra, rb = lab_find(la), lab_find(lb)
+        if ra != rb and (lab_us[ra] + lab_us[rb] > max_group_us or
+                         lab_bytes[ra] + lab_bytes[rb] > max_group_bytes):
+          continue
+      merge(a, b)
+      changed = True
+  return ({op.name: find(op.name) for op in graph.ops},
+          {lab: lab_find(lab) for lab in lab_parent})
+
+
+def contract(graph: OpGraph, costs, group_of: Mapping[str, str],
+             labels: Mapping[str, str] | None = None) -> Coarsening:
+  """The coarse graph and costs for `group_of` (see module doc); `labels`
+  maps original colocation labels to joined ones."""
+  labels = labels or {}
+  members: dict[str, list[str]] = {}
+  for name in topological_order(graph):
+    members.setdefault(group_of[name], []).append(name)
+  # External tensors: (member, port) read by an op of another group.
+  external: dict[str, list[tuple[str, int]]] = {g: [] for g in members}
+  ext_index: dict[tuple[str, int], int] = {}
+  ext_bytes: dict[tuple[str, int], int] = {}
+  for e in graph.edges:
+    if e.is_control or group_of[e.src] == group_of[e.dst]:
+      continue
+    key = (e.src, e.src_output)
+    if key not in ext_index:
+      ext_index[key] = len(external[group_of[e.src]])
+      external[group_of[e.src]].append(key)
+    ext_bytes[key] = max(ext_bytes.get(key, 0), e.bytes)
+  ops, coarse_costs = [], {}
+  for g, names in members.items():
+    first = graph[names[0]]
+    colocation = next((graph[n].colocation for n in names
+                       if graph[n].colocation), None)
+    if colocation is not None:
+      colocation = labels.get(colocation, colocation)
+    device_types = next((graph[n].device_types for n in names
+                         if graph[n].device_types), None)
+    outputs = tuple(ext_bytes[k] for k in external[g])
+    peak = _internal_peak(graph, costs, names, set(names))
+    ops.append(Op(g, first.type if len(names) == 1 else "Coarse",
+                  output_bytes=outputs, colocation=colocation,
+                  device_types=device_types,
+                  backward=all(graph[n].backward for n in names)))
+    coarse_costs[g] = OpCost(
+        compute_us=sum(costs[n].compute_us for n in names),
+        temp_bytes=max(0, peak - sum(outputs)),
+        persistent_bytes=sum(costs[n].persistent_bytes for n in names),
+        profiled=all(costs[n].profiled for n in names))
+  edges, seen_control = [], set()
+  for e in graph.edges:
+    a, b = group_of[e.src], group_of[e.dst]
+    if a == b:
+      continue
+    if e.is_control:
+      if (a, b) not in seen_control:
+        seen_control.add((a, b))
+        edges.append(Edge(a, b, CONTROL, None, 0))
+      continue
+    edges.append(Edge(a, b, ext_index[(e.src, e.src_output)], None, e.bytes))
+  coarse = OpGraph(ops, edges, name=f"{graph.name}/coarse")
+  return Coarsening(coarse, CostModel(coarse_costs, source="coarsened"),
+                    dict(group_of), len(graph), len(graph.edges))
+
+
+def _internal_peak(graph, costs, names, inside) -> int:
+  """Liveness peak of temp + outputs while `names` run in order on one
+  device; tensors read outside the group stay live to the end."""
+  last_reader: dict[tuple[str, int], int] = {}
+  escapes = set()
+  position = {n: i for i, n in enumerate(names)}
+  for n in names:
+    for e in graph.out_edges(n):
+      if e.is_control:
+        continue
+      key = (n, e.src_output)
+      if e.dst in inside:
+        last_reader[key] = max(last_reader.get(key, -1), position[e.dst])
+      else:
+        escapes.add(key)
+  level = peak = 0
+  frees: dict[int, int] = {}
+  for i, n in enumerate(names):
+    op = graph[n]
+    level += sum(op.output_bytes) + costs[n].temp_bytes
+    peak = max(peak, level)
+    level -= costs[n].temp_bytes
+    for port, nbytes in enumerate(op.output_bytes):
+      key = (n, port)
+      if key in escapes:
+        continue
+      frees[last_reader.get(key, i)] = frees.get(last_reader.get(key, i),
+                                                 0) + nbytes
+    level -= frees.pop(i, 0)
+  return peak
+
+
+def coarsen(graph: OpGraph, costs, *,
+            max_group_us: float | None = None) -> Coarsening:
+  """propose_groups then contract."""
+  group_of, labels = propose_groups(graph, costs, max_group_us=max_group_us)
+  return contract(graph, costs, group_of, labels)
