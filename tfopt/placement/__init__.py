@@ -2,12 +2,16 @@
 
 from tfopt.placement.api import (AUTO, PLACERS, Candidate, PlacementResult,
                                  place)
+from tfopt.placement.coarsen import Coarsening, coarsen
+from tfopt.placement.exact import ExactResult, exact
 from tfopt.placement.m_etf import m_etf
+from tfopt.placement.m_sct import favourite_children, m_sct
 from tfopt.placement.m_topo import m_topo
 from tfopt.placement.placement import Placement
 from tfopt.placement.problem import (InfeasiblePlacement, PlacementProblem,
                                      make_problem)
 
-__all__ = ["AUTO", "Candidate", "InfeasiblePlacement", "PLACERS", "Placement",
-           "PlacementProblem", "PlacementResult", "m_etf", "m_topo",
-           "make_problem", "place"]
+__all__ = ["AUTO", "Candidate", "Coarsening", "ExactResult",
+           "InfeasiblePlacement", "PLACERS", "Placement", "PlacementProblem",
+           "PlacementResult", "coarsen", "exact", "favourite_children",
+           "m_etf", "m_sct", "m_topo", "make_problem", "place"]

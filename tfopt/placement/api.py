@@ -1,7 +1,7 @@
 """place(graph, cluster, costs, placer="auto") -> PlacementResult.
 
 "auto" is a portfolio: single-device (when the constraints allow it), m-TOPO
-in both modes, m-ETF on all devices and m-ETF on the first 2, 4, ... devices
+in both modes, m-SCT (on graphs whose LP is cheap), m-ETF on all devices and m-ETF on the first 2, 4, ... devices
 ("m-etf@k": greedy ETF spreads over every device it is given, which costs
 transfers) all run, and on graphs of at most EXACT_IN_AUTO_MAX_OPS ops the
 exact CP-SAT placer starts from the best of them (it also repairs any graph
@@ -26,6 +26,7 @@ from tfopt.graph.opgraph import OpGraph
 from tfopt.placement import exact as exact_placer
 from tfopt.placement.coarsen import Coarsening, coarsen as coarsen_graph
 from tfopt.placement.m_etf import m_etf
+from tfopt.placement.m_sct import favourite_children, m_sct
 from tfopt.placement.m_topo import m_topo
 from tfopt.placement.placement import Placement
 from tfopt.placement.problem import (InfeasiblePlacement, PlacementProblem,
@@ -62,13 +63,30 @@ def _m_etf_feasibility_first(problem: PlacementProblem,
     raise first
 
 
+def _m_sct_feasibility_first(problem: PlacementProblem) -> Placement:
+  """m-SCT (one LP); on a dead-end, reserve mode with the same favourites."""
+  favourites = favourite_children(problem)
+  try:
+    return m_sct(problem, favourites=favourites)
+  except InfeasiblePlacement as first:
+    for reserve in RESERVES:
+      try:
+        return m_sct(problem, favourites=favourites, reserve=reserve)
+      except InfeasiblePlacement:
+        continue
+    raise first
+
+
 PLACERS: dict[str, Callable[[PlacementProblem], Placement]] = {
     "single": _single,
     "m-topo": lambda p: m_topo(p, "balanced"),
     "m-topo-fill": lambda p: m_topo(p, "fill"),
     "m-etf": _m_etf_feasibility_first,
+    "m-sct": _m_sct_feasibility_first,
 }
 AUTO = ("single", "m-topo", "m-topo-fill", "m-etf")
+# m-SCT joins "auto" while its LP is cheap (about 3 s at 8,000 edges here).
+SCT_IN_AUTO_MAX_EDGES = 12_000
 # CP-SAT's deterministic time ran about 5x wall seconds on 2 cores, and on
 # 60-op graphs its contention-free plans simulated no faster than m-ETF's:
 # in "auto" it runs only where it is cheap, or as a repair.
@@ -82,7 +100,7 @@ COARSE_IN_AUTO_MAX_OPS = 5000
 
 
 def _auto_names(problem: PlacementProblem) -> tuple[str, ...]:
-  """The portfolio: AUTO plus m-ETF on the first 2, 4, ... devices, where
+  """The portfolio: AUTO, m-SCT, and m-ETF on the first 2, 4, ... devices, where
   those devices' caps can hold the graph's static memory at all (otherwise
   the run is sure to dead-end and would only cost time)."""
   total = sum(problem.group_memory.values())
@@ -92,7 +110,8 @@ def _auto_names(problem: PlacementProblem) -> tuple[str, ...]:
     if sum(problem.caps[:k]) >= total:
       subsets.append(f"m-etf@{k}")
     k *= 2
-  return AUTO + tuple(subsets)
+  sct = ("m-sct",) if len(problem.graph.edges) <= SCT_IN_AUTO_MAX_EDGES else ()
+  return AUTO + sct + tuple(subsets)
 
 
 def _placer(name: str) -> Callable[[PlacementProblem], Placement]:

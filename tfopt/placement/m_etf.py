@@ -23,6 +23,7 @@ Reported numbers still come from `simulate`.
 from __future__ import annotations
 
 import heapq
+from typing import Mapping
 
 from tfopt.placement.placement import Placement
 from tfopt.placement.problem import InfeasiblePlacement, PlacementProblem
@@ -31,12 +32,16 @@ _INF = float("inf")
 
 
 def m_etf(problem: PlacementProblem, reserve: float | None = None,
-          max_devices: int | None = None) -> Placement:
+          max_devices: int | None = None,
+          favourite_child: Mapping[str, str] | None = None) -> Placement:
   """Places `problem` with m-ETF; raises InfeasiblePlacement on dead-end.
 
   With `max_devices`, only the first `max_devices` devices are used (groups
   whose constraints allow none of them keep their own devices): greedy ETF
   spreads over every device it is given, which costs transfers.
+
+  `favourite_child` (op -> child, see m_sct) keeps each favourite child on
+  its parent's device whenever memory allows, where it wins every tie.
 
   With `reserve`, a colocation group may only start on a device holding less
   than `reserve` times an equal share of the graph's static memory (its soft
@@ -89,6 +94,9 @@ def m_etf(problem: PlacementProblem, reserve: float | None = None,
   group_device = [-1] * len(group_mem)
   arrival: dict[tuple[int, int, int], float] = {}  # (src, port, dev) -> t
   cache = [None] * n_ops  # per op: per-device lower bounds of its start
+  fav_parent = [-1] * n_ops
+  for parent_name, child_name in (favourite_child or {}).items():
+    fav_parent[index[child_name]] = index[parent_name]
 
   def copies_on(i, d):
     """{(src, port): bytes} that op i would need copied to device d."""
@@ -162,29 +170,44 @@ def m_etf(problem: PlacementProblem, reserve: float | None = None,
         f"memory {group_mem[g] / 1e6:,.0f} MB); used per device: "
         f"{[round(u / 1e6) for u in used]} MB.")
 
-  def make_ready(i, heap):
+  def push(i, t, d, heap):
+    # A favourite child wins ties on its parent's device.
+    p = fav_parent[i]
+    heapq.heappush(heap, (t, 0 if p >= 0 and place[p] == d else 1, i, d))
+
+  def make_ready(i, heap, favour=True):
     g = group[i]
     devices = ((group_device[g],) if group_device[g] >= 0
                else group_allowed[g])
+    p = fav_parent[i]
+    if favour and p >= 0 and place[p] in devices:
+      t = evaluate(i, place[p])[0]
+      if t < _INF:  # the parent's device has room: the child goes there
+        cache[i] = {place[p]: t}
+        push(i, t, place[p], heap)
+        return
     cache[i] = {d: evaluate(i, d)[0] for d in devices}
     t, d = key_of(i)
     if t == _INF:
       fail(i)
-    heapq.heappush(heap, (t, i, d))
+    push(i, t, d, heap)
 
-  heap: list[tuple[float, int, int]] = []
+  heap: list[tuple[float, int, int, int]] = []
   for i in range(n_ops):
     if pending[i] == 0:
       make_ready(i, heap)
   while heap:
-    t, i, d = heapq.heappop(heap)
+    t, _, i, d = heapq.heappop(heap)
     start, need, copies = evaluate(i, d)
     if start > t:
       cache[i][d] = start
       t2, d2 = key_of(i)
       if t2 == _INF:
+        if len(cache[i]) == 1 and fav_parent[i] >= 0:
+          make_ready(i, heap, favour=False)  # the favourite device filled up
+          continue
         fail(i)
-      heapq.heappush(heap, (t2, i, d2))
+      push(i, t2, d2, heap)
       continue
     # Commit op i to device d.
     for key, when in book(copies, d, channel_free).items():
