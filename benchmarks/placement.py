@@ -97,7 +97,7 @@ def _fmt(value, spec):
 def main(argv):
   del argv
   rows = []
-  print(f"{'workload':<34}{'ops':>6}{'D':>3}{'mem':>6}  {'placer':<12}"
+  print(f"{'workload':<34}{'ops':>6}{'D':>3}{'mem':>6}  {'placer':<19}"
         f"{'sec':>7}{'makespan ms':>13}{'/LB':>7}{'/single':>9}{'/m-topo':>9}")
   for name, graph, costs in _workloads():
     for devices in (int(d) for d in FLAGS.devices):
@@ -109,7 +109,7 @@ def main(argv):
                 f"infeasible: {r['error'][:80]}")
           continue
         print(f"{name:<34}{r['ops']:>6}{devices:>3}{fraction:>6.2f}  "
-              f"{r['placer']:<12}{r['placement_seconds']:>7.2f}"
+              f"{r['placer']:<19}{r['placement_seconds']:>7.2f}"
               f"{r['makespan_us'] / 1e3:>13.1f}{r['vs_lower_bound']:>7.2f}"
               f"{_fmt(r['vs_single'], '>9.2f')}{_fmt(r['vs_m_topo'], '>9.2f')}"
               + (f"   [{r['reference']}]" if r["reference"] else ""))

@@ -5,6 +5,7 @@ import pathlib
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
+import tfopt  # noqa: E402,F401  (loads OR-Tools before TensorFlow)
 import pytest  # noqa: E402
 
 SHARED_COSTGRAPHS = (pathlib.Path(__file__).resolve().parents[2] / "shared" /

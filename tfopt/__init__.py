@@ -7,6 +7,9 @@ build models to try it on (`tfopt.zoo`).
 
 __version__ = "0.1.0"
 
+# First: OR-Tools must load before TensorFlow (see _native.py).
+from tfopt import _native  # noqa: F401  pylint: disable=unused-import
+
 from tfopt.cluster import Cluster, Device
 from tfopt.cost import CommModel, CostModel, OpCost
 from tfopt.graph import Edge, Op, OpGraph

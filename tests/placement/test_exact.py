@@ -76,3 +76,32 @@ def test_proven_infeasible():
   costs = CostModel({n: OpCost(1.0, persistent_bytes=60) for n in "abc"})
   with pytest.raises(InfeasiblePlacement, match="proved"):
     exact(make_problem(g, Cluster.uniform(2, 100), costs))
+
+
+def test_exact_works_when_tensorflow_was_loaded_first():
+  # CP-SAT crashes in a process where TensorFlow loaded first
+  # (google/or-tools#3230); tfopt then solves in a child process.
+  import pathlib
+  import subprocess
+  import sys
+  script = """
+import tensorflow as tf
+print(float(tf.reduce_sum(tf.ones([3]))))
+from tfopt import _native
+assert _native.TENSORFLOW_LOADED_FIRST
+from tfopt import Cluster, CommModel
+from tfopt.graph import Edge, Op, OpGraph
+from tfopt.placement import make_problem
+from tfopt.placement.exact import exact
+g = OpGraph([Op(n, "X", (1000,)) for n in "abcd"],
+            [Edge("a", "b", 0, 0, 1000), Edge("a", "c", 0, 0, 1000),
+             Edge("b", "d", 0, 0, 1000), Edge("c", "d", 0, 0, 1000)])
+cluster = Cluster.uniform(2, comm=CommModel.uniform(0.0, 1e9))
+r = exact(make_problem(g, cluster, dict(a=1.0, b=5.0, c=5.0, d=1.0)))
+print(r.status, r.placement["b"] != r.placement["c"])
+"""
+  root = pathlib.Path(__file__).resolve().parents[2]
+  done = subprocess.run([sys.executable, "-c", script], cwd=root,
+                        capture_output=True, text=True, timeout=300)
+  assert done.returncode == 0, done.stderr[-2000:]
+  assert done.stdout.split()[-2:] == ["OPTIMAL", "True"]
