@@ -16,7 +16,12 @@ $(STAMP): setup.py
 	touch $(STAMP)
 
 demo: $(STAMP)
-	TF_CPP_MIN_LOG_LEVEL=2 $(PY) -m experiments.profile --model=small_cnn --batch_size=32 --measure_comm
+	mkdir -p .demo
+	TF_CPP_MIN_LOG_LEVEL=2 $(PY) -m experiments.profile --model=small_cnn --batch_size=32 \
+	    --measure_comm --out=.demo/small_cnn.json --overwrite
+	$(PY) -m experiments.place --costgraph=.demo/small_cnn.json --devices=4 \
+	    --memory_fraction=0.35 --gantt=.demo/small_cnn_gantt.png --overwrite
+	@echo "Gantt chart of the placed step: .demo/small_cnn_gantt.png"
 
 test: $(STAMP)
 	TF_CPP_MIN_LOG_LEVEL=2 $(PY) -m pytest -q
