@@ -5,16 +5,25 @@ from __future__ import annotations
 
 import os
 import tempfile
+from typing import Callable
 
 from tfopt._errors import invalid_argument
 
 
-def atomic_write_text(path: str | os.PathLike, text: str, *,
-                      overwrite: bool = False) -> None:
-  """Writes `text` to `path` through a temporary file and a rename.
+def _default_mode() -> int:
+  # mkstemp creates 0600 files; give the result the mode open() would have.
+  umask = os.umask(0)
+  os.umask(umask)
+  return 0o666 & ~umask
+
+
+def atomic_write(path: str | os.PathLike, write: Callable[[str], None], *,
+                 overwrite: bool = False) -> None:
+  """Calls `write(tmp_path)` and renames the result over `path`.
 
   Raises FileExistsError if `path` exists and `overwrite` is False, and
-  ValueError if its directory does not exist.
+  ValueError if its directory does not exist. On any error nothing is left
+  behind.
   """
   path = os.fspath(path)
   directory = os.path.dirname(os.path.abspath(path))
@@ -26,13 +35,24 @@ def atomic_write_text(path: str | os.PathLike, text: str, *,
         f"replace it. Received: path={path!r}")
   fd, tmp = tempfile.mkstemp(prefix=".tmp-", suffix=os.path.basename(path),
                              dir=directory)
+  os.close(fd)
   try:
-    with os.fdopen(fd, "w", encoding="utf-8") as f:
+    write(tmp)
+    os.chmod(tmp, _default_mode())
+    os.replace(tmp, path)
+  finally:
+    if os.path.exists(tmp):
+      os.unlink(tmp)
+
+
+def atomic_write_text(path: str | os.PathLike, text: str, *,
+                      overwrite: bool = False) -> None:
+  """Writes `text` (UTF-8) to `path` atomically; see `atomic_write`."""
+
+  def write(tmp: str) -> None:
+    with open(tmp, "w", encoding="utf-8") as f:
       f.write(text)
       f.flush()
       os.fsync(f.fileno())
-    os.replace(tmp, path)
-  except BaseException:
-    if os.path.exists(tmp):
-      os.unlink(tmp)
-    raise
+
+  atomic_write(path, write, overwrite=overwrite)

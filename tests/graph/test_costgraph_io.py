@@ -114,6 +114,10 @@ def test_save_never_overwrites_and_is_atomic(tmp_path):
   assert path.read_text() == "precious"
   save_costgraph(path, g, costs, overwrite=True)
   assert load_costgraph(path).graph.ops == g.ops
+  # Written like open() would: readable by others under the usual umask.
+  umask = os.umask(0)
+  os.umask(umask)
+  assert os.stat(path).st_mode & 0o777 == 0o666 & ~umask
   # A failing write (a cost is missing) leaves nothing behind.
   other = tmp_path / "h.json"
   with pytest.raises(ValueError, match="missing op 'b'"):

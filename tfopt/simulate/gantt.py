@@ -4,10 +4,9 @@ per device's channel (transfers), as a PNG."""
 from __future__ import annotations
 
 import os
-import tempfile
 from typing import Sequence
 
-from tfopt._errors import invalid_argument
+from tfopt._io import atomic_write
 from tfopt.simulate.simulator import Schedule
 
 
@@ -20,13 +19,10 @@ def draw_gantt(schedule: Schedule, path: str, *, title: str = "",
   import matplotlib.pyplot as plt
 
   path = os.fspath(path)
-  if os.path.exists(path) and not overwrite:
+  if os.path.exists(path) and not overwrite:  # fail before drawing
     raise FileExistsError(f"Argument `path` names a file that exists; pass "
                           f"overwrite=True to replace it. Received: "
                           f"path={path!r}")
-  directory = os.path.dirname(os.path.abspath(path))
-  if not os.path.isdir(directory):
-    raise invalid_argument("path", "in an existing directory", path)
   num = len(schedule.peak_bytes)
   names = list(device_names or [f"device {d}" for d in range(num)])
   scale = 1e3 if schedule.makespan_us >= 1e4 else 1.0
@@ -60,12 +56,8 @@ def draw_gantt(schedule: Schedule, path: str, *, title: str = "",
     ax.set_title(title)
   ax.set_xlim(0, max(schedule.makespan_us / scale, 1e-9))
   fig.tight_layout()
-  fd, tmp = tempfile.mkstemp(suffix=".png", dir=directory)
-  os.close(fd)
   try:
-    fig.savefig(tmp, dpi=110)
-    os.replace(tmp, path)
+    atomic_write(path, lambda tmp: fig.savefig(tmp, format="png", dpi=110),
+                 overwrite=overwrite)
   finally:
     plt.close(fig)
-    if os.path.exists(tmp):
-      os.unlink(tmp)
