@@ -67,3 +67,24 @@ def test_m_sct_in_the_portfolio_under_tight_memory():
   auto = place(g, cluster, costs)
   assert "m-sct" in {c.placer for c in auto.candidates}
   assert auto.makespan_us <= result.makespan_us
+
+
+def test_tactical_idling_holds_the_device_for_the_favourite_child():
+  # p (1 us) feeds its favourite child j (1 us), which feeds its favourite
+  # child k (100 us); j also needs q (3 us, free copy). x (100 us) is ready
+  # from the start. Without idling, x takes p's device at t=1, j waits until
+  # 101 and k ends at 202. Held for j, the device runs j at 3 and k at 4
+  # (ending at 104), and x goes to the other device after q (3 to 103).
+  free = CommModel.uniform(0.0, 1e9)
+  g = OpGraph([Op(n, "X", (8,)) for n in ("p", "q", "j", "k", "x")],
+              [Edge("p", "j", 0, 0, 8), Edge("q", "j", 0, 1, 8),
+               Edge("j", "k", 0, 0, 8)])
+  costs = {"p": 1.0, "q": 3.0, "j": 1.0, "k": 100.0, "x": 100.0}
+  problem = make_problem(g, Cluster.uniform(2, comm=free), costs)
+  given = type(favourite_children(problem))({"p": "j", "j": "k"}, "given",
+                                            "optimal", 0.0, 0.0)
+  placement = m_sct(problem, favourites=given)
+  s = simulate(g, placement, costs, problem.cluster)
+  assert placement["p"] == placement["j"] == placement["k"] != placement["x"]
+  assert s.start_us["j"] == pytest.approx(3.0)
+  assert s.makespan_us == pytest.approx(104.0)

@@ -41,7 +41,9 @@ def m_etf(problem: PlacementProblem, reserve: float | None = None,
   spreads over every device it is given, which costs transfers.
 
   `favourite_child` (op -> child, see m_sct) keeps each favourite child on
-  its parent's device whenever memory allows, where it wins every tie.
+  its parent's device whenever memory allows, where it wins every tie, and
+  idles tactically: while a ready favourite child waits for that device,
+  other work may run there only if it ends before the child starts.
 
   With `reserve`, a colocation group may only start on a device holding less
   than `reserve` times an equal share of the graph's static memory (its soft
@@ -95,6 +97,9 @@ def m_etf(problem: PlacementProblem, reserve: float | None = None,
   arrival: dict[tuple[int, int, int], float] = {}  # (src, port, dev) -> t
   cache = [None] * n_ops  # per op: per-device lower bounds of its start
   fav_parent = [-1] * n_ops
+  # Tactical idling: device -> (favourite child, its start there) while the
+  # child is ready and waits for its parent's device.
+  reserved: dict[int, tuple[int, float]] = {}
   for parent_name, child_name in (favourite_child or {}).items():
     fav_parent[index[child_name]] = index[parent_name]
 
@@ -152,6 +157,11 @@ def m_etf(problem: PlacementProblem, reserve: float | None = None,
           t = arrival[(s, port, d)]
       if t > ready:
         ready = t
+    held = reserved.get(d)
+    if held is not None and held[0] != i and ready + compute[i] > held[1]:
+      # d idles for its favourite child: only work that ends before the
+      # child starts may go first; anything else waits for the child.
+      ready = max(ready, held[1] + compute[held[0]])
     return ready, need, copies
 
   def key_of(i):
@@ -184,6 +194,8 @@ def m_etf(problem: PlacementProblem, reserve: float | None = None,
       t = evaluate(i, place[p])[0]
       if t < _INF:  # the parent's device has room: the child goes there
         cache[i] = {place[p]: t}
+        if place[p] not in reserved:
+          reserved[place[p]] = (i, t)
         push(i, t, place[p], heap)
         return
     cache[i] = {d: evaluate(i, d)[0] for d in devices}
@@ -210,6 +222,8 @@ def m_etf(problem: PlacementProblem, reserve: float | None = None,
       push(i, t2, d2, heap)
       continue
     # Commit op i to device d.
+    if reserved.get(d, (-1,))[0] == i:
+      del reserved[d]
     for key, when in book(copies, d, channel_free).items():
       arrival[(key[0], key[1], d)] = when
     used[d] += need

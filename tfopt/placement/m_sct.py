@@ -16,12 +16,14 @@
    favourites: a favourite child goes to its favourite parent's device
    whenever memory allows, and on that device it wins every tie.
 
-Tactical idling, in the form used here: when a favourite child becomes
-ready as its parent finishes, the parent's device waits for it (it is the
-only candidate there and wins ties) instead of starting other work. Idling
-for a child still waiting on *other* parents is not done: under memory caps
-it can deadlock (the other parent may need the idle device). The LP falls
-back to plain m-ETF favourites (none) if it does not solve within its limit.
+Tactical idling, in the form used here: once a favourite child is ready (all
+its parents are scheduled, so its start on the parent's device is known),
+that device is held for it: other work may use the device only if it ends
+before the child starts (filling the gap); anything longer waits until the
+child has run. A device is not held for a child whose other parents are not
+scheduled yet: under memory caps that can deadlock (another parent may need
+the held device). If the LP does not solve within its limit, m-SCT runs as
+m-ETF (no favourites).
 """
 
 from __future__ import annotations
