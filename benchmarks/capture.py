@@ -10,7 +10,9 @@ For each model, in one process, side by side:
   baseline: Keras' own route to a traced step -- the first
             `model.train_on_batch` call (traces Keras' train function and
             runs one step) -- and its steady-state step time.
-Prints a table of seconds and ratios and writes benchmarks/results/capture.json.
+Also: the analytic roofline estimate's total compute against the profiled
+total. Prints a table of seconds and ratios and writes
+benchmarks/results/capture.json.
 """
 
 from __future__ import annotations
@@ -37,6 +39,7 @@ def _measure(name: str, batch_size: int, steps: int) -> dict:
   import tensorflow as tf
 
   from tfopt import zoo
+  from tfopt.cost.analytic import estimate_costs
   from tfopt.cost.profile import profile_step
   from tfopt.graph import capture_train_step
 
@@ -50,6 +53,7 @@ def _measure(name: str, batch_size: int, steps: int) -> dict:
   costs = profile_step(step, inputs=[*tf.nest.flatten(x), *tf.nest.flatten(y)],
                        steps=steps, warmup=1)
   t3 = time.perf_counter()
+  analytic = estimate_costs(step.graph)
   # Baseline: a fresh copy of the model through Keras' own path.
   base = zoo.build(name)
   t4 = time.perf_counter()
@@ -69,6 +73,9 @@ def _measure(name: str, batch_size: int, steps: int) -> dict:
       "profile_steps": steps + 1,
       "profile_s_per_step": (t3 - t2) / (steps + 1),
       "profiled_total_compute_ms": costs.total_compute_us() / 1e3,
+      "analytic_total_compute_ms": analytic.total_compute_us() / 1e3,
+      "analytic_vs_profiled": (analytic.total_compute_us() /
+                               costs.total_compute_us()),
       "keras_first_step_s": t5 - t4,
       "keras_step_s": (t6 - t5) / 2,
       "capture_vs_keras_first_step": (t2 - t1) / (t5 - t4),
@@ -81,14 +88,16 @@ def main(argv):
   import tensorflow as tf
   rows = [_measure(m, FLAGS.batch_size, FLAGS.steps) for m in FLAGS.models]
   header = (f"{'model':<14}{'ops':>7}{'capture s':>11}{'keras 1st s':>13}"
-            f"{'ratio':>7}{'prof s/step':>13}{'keras s/step':>14}{'ratio':>7}")
+            f"{'ratio':>7}{'prof s/step':>13}{'keras s/step':>14}{'ratio':>7}"
+            f"{'analytic/profiled':>19}")
   print(header)
   for r in rows:
     print(f"{r['model']:<14}{r['ops']:>7}{r['capture_s']:>11.1f}"
           f"{r['keras_first_step_s']:>13.1f}"
           f"{r['capture_vs_keras_first_step']:>7.2f}"
           f"{r['profile_s_per_step']:>13.1f}{r['keras_step_s']:>14.1f}"
-          f"{r['profiled_step_vs_keras_step']:>7.2f}")
+          f"{r['profiled_step_vs_keras_step']:>7.2f}"
+          f"{r['analytic_vs_profiled']:>19.2f}")
   os.makedirs(os.path.dirname(FLAGS.out), exist_ok=True)
   with open(FLAGS.out + ".tmp", "w") as f:
     json.dump({"benchmark": "capture", "tensorflow": tf.__version__,

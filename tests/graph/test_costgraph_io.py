@@ -7,7 +7,7 @@ import pytest
 
 from tfopt._errors import CostGraphFormatError
 from tfopt.cost import CostModel, OpCost
-from tfopt.graph import (FORMAT, Edge, Op, OpGraph, costgraph_from_dict,
+from tfopt.graph import (FORMAT, Op, OpGraph, costgraph_from_dict,
                          costgraph_to_dict, load_costgraph, save_costgraph)
 
 

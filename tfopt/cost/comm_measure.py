@@ -20,7 +20,6 @@ import statistics
 import time
 from typing import Sequence
 
-import numpy as np
 import tensorflow as tf
 
 from tfopt._errors import check_positive_int, invalid_argument

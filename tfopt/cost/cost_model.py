@@ -89,3 +89,26 @@ class CostModel(Mapping[str, OpCost]):
       if op.name not in self._costs:
         raise invalid_argument("costs", f"a cost for every op of graph "
                                f"{graph.name!r}", f"<missing op {op.name!r}>")
+
+
+def op_costs(graph, costs) -> dict[str, OpCost]:
+  """op name -> OpCost for every op of `graph`.
+
+  `costs` is a CostModel or a mapping op name -> OpCost or microseconds (the
+  short form tests and analyses use). A missing op or a bad number is
+  reported by name.
+  """
+  table = {}
+  for op in graph.ops:
+    try:
+      value = costs[op.name]
+    except KeyError:
+      raise invalid_argument("costs", "a cost for every op of the graph",
+                             f"<missing op {op.name!r}>") from None
+    if not isinstance(value, OpCost):
+      if isinstance(value, bool) or not isinstance(value, (int, float)) or \
+          not value >= 0:
+        raise invalid_argument(f"costs[{op.name!r}]", "a number >= 0", value)
+      value = OpCost(float(value))
+    table[op.name] = value
+  return table

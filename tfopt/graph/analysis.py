@@ -9,9 +9,9 @@ from __future__ import annotations
 import dataclasses
 from typing import Mapping, Union
 
-from tfopt._errors import check_positive_int, invalid_argument
+from tfopt._errors import check_positive_int
 from tfopt.cost.comm import CommModel
-from tfopt.cost.cost_model import CostModel, OpCost
+from tfopt.cost.cost_model import CostModel, OpCost, op_costs
 from tfopt.graph.opgraph import OpGraph, topological_order
 
 Costs = Union[CostModel, Mapping[str, float], Mapping[str, OpCost]]
@@ -19,19 +19,7 @@ Costs = Union[CostModel, Mapping[str, float], Mapping[str, OpCost]]
 
 def compute_times(graph: OpGraph, costs: Costs) -> dict[str, float]:
   """Op name -> compute microseconds for every op of `graph`."""
-  times = {}
-  for op in graph.ops:
-    try:
-      value = costs[op.name]
-    except KeyError:
-      raise invalid_argument("costs", "a cost for every op of the graph",
-                             f"<missing op {op.name!r}>") from None
-    value = value.compute_us if isinstance(value, OpCost) else value
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or \
-        not value >= 0:
-      raise invalid_argument(f"costs[{op.name!r}]", "a number >= 0", value)
-    times[op.name] = float(value)
-  return times
+  return {name: c.compute_us for name, c in op_costs(graph, costs).items()}
 
 
 @dataclasses.dataclass(frozen=True)

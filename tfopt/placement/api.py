@@ -24,7 +24,7 @@ from tfopt.cluster import Cluster
 from tfopt.graph.analysis import makespan_lower_bound
 from tfopt.graph.opgraph import OpGraph
 from tfopt.placement import exact as exact_placer
-from tfopt.placement.coarsen import Coarsening, coarsen as coarsen_graph
+from tfopt.placement.coarsen import coarsen as coarsen_graph
 from tfopt.placement.m_etf import m_etf
 from tfopt.placement.m_sct import favourite_children, m_sct
 from tfopt.placement.m_topo import m_topo

@@ -22,7 +22,7 @@ from typing import Mapping
 
 from tfopt._errors import invalid_argument
 from tfopt.cluster import Cluster
-from tfopt.cost.cost_model import CostModel, OpCost
+from tfopt.cost.cost_model import OpCost, op_costs
 from tfopt.graph.opgraph import OpGraph, topological_order
 
 
@@ -71,14 +71,7 @@ def make_problem(graph: OpGraph, cluster: Cluster, costs, *,
   if isinstance(headroom, bool) or not isinstance(headroom, (int, float)) or \
       not 0 <= headroom < 1:
     raise invalid_argument("headroom", "a fraction in [0, 1)", headroom)
-  table = {}
-  for op in graph.ops:
-    try:
-      c = costs[op.name]
-    except KeyError:
-      raise invalid_argument("costs", "a cost for every op of the graph",
-                             f"<missing op {op.name!r}>") from None
-    table[op.name] = c if isinstance(c, OpCost) else OpCost(float(c))
+  table = op_costs(graph, costs)
   num = len(cluster)
   pins = dict(pins or {})
   for name, d in pins.items():

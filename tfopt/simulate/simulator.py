@@ -35,7 +35,7 @@ from typing import Mapping, Sequence
 
 from tfopt._errors import invalid_argument
 from tfopt.cluster import Cluster
-from tfopt.cost.cost_model import OpCost
+from tfopt.cost.cost_model import op_costs
 from tfopt.graph.opgraph import OpGraph, topological_order
 from tfopt.placement.placement import Placement
 
@@ -95,18 +95,6 @@ class Schedule:
     return tuple(busy)
 
 
-def _op_costs(graph: OpGraph, costs) -> dict[str, OpCost]:
-  table = {}
-  for op in graph.ops:
-    try:
-      c = costs[op.name]
-    except KeyError:
-      raise invalid_argument("costs", "a cost for every op of the graph",
-                             f"<missing op {op.name!r}>") from None
-    table[op.name] = c if isinstance(c, OpCost) else OpCost(float(c))
-  return table
-
-
 def simulate(graph: OpGraph, placement: Placement | Mapping[str, int], costs,
              cluster: Cluster) -> Schedule:
   """Simulates one step of `graph` placed by `placement` (see module doc).
@@ -125,7 +113,7 @@ def simulate(graph: OpGraph, placement: Placement | Mapping[str, int], costs,
                            "devices (the cluster's)",
                            f"<placement on {placement.num_devices} devices>")
   placement.check_covers(graph)
-  op_cost = _op_costs(graph, costs)
+  op_cost = op_costs(graph, costs)
   rank = {name: i for i, name in enumerate(topological_order(graph))}
   device = {op.name: placement[op.name] for op in graph.ops}
   comm = cluster.comm
