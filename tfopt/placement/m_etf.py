@@ -33,12 +33,16 @@ _INF = float("inf")
 
 def m_etf(problem: PlacementProblem, reserve: float | None = None,
           max_devices: int | None = None,
-          favourite_child: Mapping[str, str] | None = None) -> Placement:
+          favourite_child: Mapping[str, str] | None = None,
+          timeline: dict | None = None) -> Placement:
   """Places `problem` with m-ETF; raises InfeasiblePlacement on dead-end.
 
   With `max_devices`, only the first `max_devices` devices are used (groups
   whose constraints allow none of them keep their own devices): greedy ETF
   spreads over every device it is given, which costs transfers.
+
+  If `timeline` is a dict, it receives the placer's own start time of every
+  op (what tests compare with `simulate`).
 
   `favourite_child` (op -> child, see m_sct) keeps each favourite child on
   its parent's device whenever memory allows, where it wins every tie, and
@@ -238,4 +242,6 @@ def m_etf(problem: PlacementProblem, reserve: float | None = None,
       pending[j] -= 1
       if pending[j] == 0:
         make_ready(j, heap)
+  if timeline is not None:
+    timeline.update({names[i]: finish[i] - compute[i] for i in range(n_ops)})
   return Placement({names[i]: place[i] for i in range(n_ops)}, num)

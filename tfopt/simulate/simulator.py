@@ -6,7 +6,8 @@ here. Pure: nothing it is given is modified.
 
 Timing model (Baechi's):
   * One compute stream per device. A device runs one op at a time; among the
-    ops ready on a free device the earliest in topological order runs first.
+    ops ready on a free device the earliest in topological order runs first
+    (or the lowest of a given `priority`, e.g. a placer's own start times).
   * An op is ready when every input has arrived: at once from its own
     device, after a transfer from another one.
   * A tensor (op, output port) is sent once per destination device and reused
@@ -96,7 +97,8 @@ class Schedule:
 
 
 def simulate(graph: OpGraph, placement: Placement | Mapping[str, int], costs,
-             cluster: Cluster) -> Schedule:
+             cluster: Cluster, *,
+             priority: Mapping[str, float] | None = None) -> Schedule:
   """Simulates one step of `graph` placed by `placement` (see module doc).
 
   Args:
@@ -104,6 +106,10 @@ def simulate(graph: OpGraph, placement: Placement | Mapping[str, int], costs,
     placement: op name -> device index, for every op.
     costs: a CostModel (or mapping op name -> OpCost or microseconds).
     cluster: devices (their memory caps) and the CommModel.
+    priority: optional op -> number; among ready ops a free device runs the
+      lowest first (ties: topological order). By default the topological
+      order alone, as TensorFlow's executor roughly does; a placer's own
+      start times replay its intended order.
   """
   num_devices = len(cluster)
   if not isinstance(placement, Placement):
@@ -114,7 +120,16 @@ def simulate(graph: OpGraph, placement: Placement | Mapping[str, int], costs,
                            f"<placement on {placement.num_devices} devices>")
   placement.check_covers(graph)
   op_cost = op_costs(graph, costs)
-  rank = {name: i for i, name in enumerate(topological_order(graph))}
+  topo = {name: i for i, name in enumerate(topological_order(graph))}
+  if priority is None:
+    rank = topo
+  else:
+    missing = next((op.name for op in graph.ops if op.name not in priority),
+                   None)
+    if missing is not None:
+      raise invalid_argument("priority", "a number for every op",
+                             f"<op {missing!r} has none>")
+    rank = {n: (float(priority[n]), topo[n]) for n in topo}
   device = {op.name: placement[op.name] for op in graph.ops}
   comm = cluster.comm
 
