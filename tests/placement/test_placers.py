@@ -59,7 +59,8 @@ def test_auto_reports_every_candidate_and_picks_the_fastest():
   assert result.single_device_us == 12.0
   assert result.lower_bound_us == 7.0
   assert {c.placer for c in result.candidates} == {
-      "single", "m-topo", "m-topo-fill", "m-etf", "m-sct", "exact"}
+      "single", "m-topo", "m-topo-fill", "m-etf", "m-sct", "m-topo-live",
+      "exact"}
   assert "<- chosen" in result.table()
 
 
@@ -178,3 +179,25 @@ def test_simulate_priority_orders_ready_ops():
   with pytest.raises(ValueError, match="op 'b' has none"):
     simulate(g, Placement.single_device(g), {"a": 1.0, "b": 2.0}, cluster,
              priority={"a": 0.0})
+
+
+def test_m_topo_live_finds_plans_static_accounting_refuses():
+  # A chain of 6 ops, each holding a 100 B weight and a 50 B output read by
+  # the next op. One device peaks at 600 + 100 = 700 B. On 2 x 450 B, static
+  # accounting (every byte held all step) needs 450 B per half plus a 50 B
+  # copy: refused. By liveness a 3/3 split peaks at 400 B on each device
+  # (3 weights + two live 50 B tensors: an output and its consumer's output,
+  # or the received copy and o3's output).
+  names = [f"o{i}" for i in range(6)]
+  g = OpGraph([Op(n, "X", (50,)) for n in names],
+              [Edge(a, b, 0, 0, 50) for a, b in zip(names, names[1:])])
+  costs = CostModel({n: OpCost(1.0, persistent_bytes=100) for n in names})
+  cluster = Cluster.uniform(2, 450, comm=FREE)
+  with pytest.raises(InfeasiblePlacement):
+    m_topo(make_problem(g, cluster, costs), "fill")
+  result = place(g, cluster, costs, "m-topo-live")
+  assert result.schedule.feasible
+  assert result.schedule.peak_bytes == (400, 400)
+  assert [result.placement[n] for n in names] == [0, 0, 0, 1, 1, 1]
+  auto = place(g, cluster, costs)
+  assert auto.schedule.feasible and auto.placer.startswith("m-topo-live")

@@ -1,7 +1,8 @@
 """place(graph, cluster, costs, placer="auto") -> PlacementResult.
 
 "auto" is a portfolio: single-device (when the constraints allow it), m-TOPO
-in both modes, m-SCT (on graphs whose LP is cheap), m-ETF on all devices and m-ETF on the first 2, 4, ... devices
+in both modes, m-topo-live (m-TOPO over-subscribing its static budgets, each
+plan proven feasible by the simulator), m-SCT (on graphs whose LP is cheap), m-ETF on all devices and m-ETF on the first 2, 4, ... devices
 ("m-etf@k": greedy ETF spreads over every device it is given, which costs
 transfers) all run, and on graphs of at most EXACT_IN_AUTO_MAX_OPS ops the
 exact CP-SAT placer starts from the best of them (it also repairs any graph
@@ -92,16 +93,52 @@ def _m_sct_feasibility_first(problem: PlacementProblem) -> Placement:
       lambda r: m_sct(problem, favourites=favourites, reserve=r), problem)
 
 
+# Budget scale factors m-topo-live tries (static bytes over-subscribed).
+LIVE_FACTORS = (1.25, 1.5, 2.0, 2.5, 3.0, 4.0)
+
+
+def _m_topo_live(problem: PlacementProblem) -> Placement:
+  """m-TOPO with static budgets scaled by LIVE_FACTORS, each plan checked by
+  the simulator against the real caps; the fastest feasible plan wins.
+
+  Static accounting holds every tensor for the whole step; the liveness peak
+  of a training step is often half of that. Over-subscribing the static
+  budget and letting `simulate` prove the liveness peak fits finds plans for
+  caps the static placers refuse.
+  """
+  best = None
+  for factor in LIVE_FACTORS:
+    scaled = dataclasses.replace(
+        problem, caps=tuple(c * factor for c in problem.caps))
+    for mode in ("fill", "balanced"):
+      try:
+        placement = m_topo(scaled, mode)
+      except InfeasiblePlacement:
+        continue
+      schedule = simulate(problem.graph, placement, problem.costs,
+                          problem.cluster)
+      if schedule.feasible and (best is None or
+                                schedule.makespan_us < best[0]):
+        best = (schedule.makespan_us, placement)
+  if best is None:
+    raise InfeasiblePlacement(
+        f"m-topo-live found no plan whose liveness peak fits, with static "
+        f"budgets scaled up to {LIVE_FACTORS[-1]}x.")
+  return best[1]
+
+
 PLACERS: dict[str, Callable[[PlacementProblem], Placement]] = {
     "single": _single,
     "m-topo": lambda p: m_topo(p, "balanced"),
     "m-topo-fill": lambda p: m_topo(p, "fill"),
     "m-etf": _m_etf_feasibility_first,
     "m-sct": _m_sct_feasibility_first,
+    "m-topo-live": _m_topo_live,
 }
 AUTO = ("single", "m-topo", "m-topo-fill", "m-etf")
 # m-SCT joins "auto" while its LP is cheap (about 3 s at 8,000 edges here).
 SCT_IN_AUTO_MAX_EDGES = 12_000
+LIVE_IN_AUTO_MAX_OPS = 5_000
 # CP-SAT's deterministic time ran about 5x wall seconds on 2 cores, and on
 # 60-op graphs its contention-free plans simulated no faster than m-ETF's:
 # in "auto" it runs only where it is cheap, or as a repair.
@@ -126,7 +163,9 @@ def _auto_names(problem: PlacementProblem) -> tuple[str, ...]:
       subsets.append(f"m-etf@{k}")
     k *= 2
   sct = ("m-sct",) if len(problem.graph.edges) <= SCT_IN_AUTO_MAX_EDGES else ()
-  return AUTO + sct + tuple(subsets)
+  # m-topo-live simulates every plan it tries: cheap below 5,000 ops.
+  live = ("m-topo-live",) if len(problem.graph) <= LIVE_IN_AUTO_MAX_OPS else ()
+  return AUTO + sct + live + tuple(subsets)
 
 
 def _placer(name: str) -> Callable[[PlacementProblem], Placement]:
@@ -221,6 +260,10 @@ def place(graph: OpGraph, cluster: Cluster, costs, placer: str = "auto", *,
     coarsen = placer == "auto" and len(graph) <= COARSE_IN_AUTO_MAX_OPS
   if coarsen and placer != "exact":
     candidates += _coarse_attempts(problem, names, pins, headroom)
+  if placer == "auto" and not any(c.feasible for c in candidates) and \
+      "m-topo-live" not in names:
+    # Large graph, nothing fits statically: the liveness-checked repair.
+    candidates.append(_attempt(problem, "m-topo-live"))
   if placer == "auto":
     feasible_so_far = [c for c in candidates if c.feasible]
     best_so_far = min(feasible_so_far, key=lambda c: c.makespan_us,
