@@ -6,7 +6,7 @@
 
 prints placement seconds, makespan, single-device makespan, the lower bound,
 per-device peak memory and feasibility, and every candidate of the "auto"
-portfolio. Expected on that command: m-topo-fill chosen, 505.9 ms against
+portfolio. Expected on that command: m-sct/coarse chosen, 470.4 ms against
 520.5 ms on one device (which does not fit), lower bound 337.4 ms.
 
 `--json` prints one JSON object instead (keys placer, placement_seconds,
