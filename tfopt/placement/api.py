@@ -1,15 +1,19 @@
 """place(graph, cluster, costs, placer="auto") -> PlacementResult.
 
-"auto" is a portfolio: single-device (when the constraints allow it), m-TOPO
-in both modes, m-topo-live (m-TOPO over-subscribing its static budgets, each
-plan proven feasible by the simulator), m-SCT (on graphs whose LP is cheap), m-ETF on all devices and m-ETF on the first 2, 4, ... devices
-("m-etf@k": greedy ETF spreads over every device it is given, which costs
-transfers) all run, and on graphs of at most EXACT_IN_AUTO_MAX_OPS ops the
-exact CP-SAT placer starts from the best of them (it also repairs any graph
-of at most exact.MAX_OPS ops that every heuristic dead-ended on). `simulate`
-scores each, and the fastest feasible plan wins (ties: the earlier candidate, so one device wins a tie).
-It is therefore never worse than one device when one device fits. A named
-placer returns its own plan, still simulated. m-ETF and m-SCT retry in
+"auto" is a portfolio. These all run, and `simulate` scores each:
+  * one device (when the constraints allow it);
+  * m-TOPO in both modes, and m-topo-live (m-TOPO over-subscribing its static
+    budgets, each plan proven feasible by the simulator);
+  * m-SCT (on graphs whose LP is cheap) and m-ETF, on all devices and, as
+    "m-etf@k", on the first 2, 4, ... devices (greedy ETF spreads over every
+    device it is given, which costs transfers);
+  * each of those on the coarsened graph ("<placer>/coarse");
+  * on graphs of at most EXACT_IN_AUTO_MAX_OPS ops, the exact CP-SAT placer,
+    warm-started from the best of them; it also repairs graphs of at most
+    exact.MAX_OPS ops that every heuristic dead-ended on.
+The fastest feasible plan wins (ties: the earlier candidate, so one device
+wins a tie): "auto" is never worse than one device when one device fits. A
+named placer returns its own plan, still simulated. m-ETF and m-SCT retry in
 reserve mode (new work only starts on a device below 1.1, 1.25 or 1.5 equal
 shares of the graph's memory) before they give up.
 """
@@ -34,6 +38,30 @@ from tfopt.placement.problem import (InfeasiblePlacement, PlacementProblem,
                                      make_problem)
 from tfopt.simulate.simulator import Schedule, simulate
 
+# -- Portfolio settings (sizes and times measured on the 2-core CI machine) --
+AUTO = ("single", "m-topo", "m-topo-fill", "m-etf")
+# Feasibility first: reserve-mode shares m-ETF / m-SCT retry with.
+RESERVES = (1.1, 1.25, 1.5)
+# From this size, tight-memory retries start in reserve mode (each failed
+# attempt costs a full run).
+RESERVE_FIRST_MIN_OPS = 5000
+# Budget scale factors m-topo-live tries (static bytes over-subscribed).
+LIVE_FACTORS = (1.25, 1.5, 2.0, 2.5, 3.0, 4.0)
+# m-topo-live simulates every plan it tries: cheap below this size.
+LIVE_IN_AUTO_MAX_OPS = 5_000
+# m-SCT joins "auto" while its LP is cheap (about 3 s at 8,000 edges here).
+SCT_IN_AUTO_MAX_EDGES = 12_000
+# CP-SAT's deterministic time ran about 5x wall seconds on 2 cores, and on
+# 60-op graphs its contention-free plans simulated no faster than m-ETF's:
+# in "auto" it runs only where it is cheap, or as a repair.
+EXACT_IN_AUTO_MAX_OPS = 24
+EXACT_AUTO_TIME = 1.0
+EXACT_REPAIR_TIME = 5.0
+# "auto" also places the coarsened graph (each plan expanded back and
+# simulated on the original) up to this size; beyond it, time is better
+# spent on the original graph's candidates.
+COARSE_IN_AUTO_MAX_OPS = 5000
+
 
 def _single(problem: PlacementProblem) -> Placement:
   """Everything on the first device every group may use."""
@@ -45,12 +73,6 @@ def _single(problem: PlacementProblem) -> Placement:
                               "types and pins.")
   return Placement.single_device(problem.graph, problem.num_devices,
                                  min(shared))
-
-
-RESERVES = (1.1, 1.25, 1.5)
-
-
-RESERVE_FIRST_MIN_OPS = 5000
 
 
 def _reserve_order(problem: PlacementProblem, max_devices: int | None):
@@ -93,10 +115,6 @@ def _m_sct_feasibility_first(problem: PlacementProblem) -> Placement:
       lambda r: m_sct(problem, favourites=favourites, reserve=r), problem)
 
 
-# Budget scale factors m-topo-live tries (static bytes over-subscribed).
-LIVE_FACTORS = (1.25, 1.5, 2.0, 2.5, 3.0, 4.0)
-
-
 def _m_topo_live(problem: PlacementProblem) -> Placement:
   """m-TOPO with static budgets scaled by LIVE_FACTORS, each plan checked by
   the simulator against the real caps; the fastest feasible plan wins.
@@ -135,20 +153,6 @@ PLACERS: dict[str, Callable[[PlacementProblem], Placement]] = {
     "m-sct": _m_sct_feasibility_first,
     "m-topo-live": _m_topo_live,
 }
-AUTO = ("single", "m-topo", "m-topo-fill", "m-etf")
-# m-SCT joins "auto" while its LP is cheap (about 3 s at 8,000 edges here).
-SCT_IN_AUTO_MAX_EDGES = 12_000
-LIVE_IN_AUTO_MAX_OPS = 5_000
-# CP-SAT's deterministic time ran about 5x wall seconds on 2 cores, and on
-# 60-op graphs its contention-free plans simulated no faster than m-ETF's:
-# in "auto" it runs only where it is cheap, or as a repair.
-EXACT_IN_AUTO_MAX_OPS = 24
-EXACT_AUTO_TIME = 1.0
-EXACT_REPAIR_TIME = 5.0
-# "auto" also places the coarsened graph (each plan expanded back and
-# simulated on the original) up to this size; beyond it, time is better
-# spent on the original graph's candidates.
-COARSE_IN_AUTO_MAX_OPS = 5000
 
 
 def _auto_names(problem: PlacementProblem) -> tuple[str, ...]:
@@ -163,7 +167,6 @@ def _auto_names(problem: PlacementProblem) -> tuple[str, ...]:
       subsets.append(f"m-etf@{k}")
     k *= 2
   sct = ("m-sct",) if len(problem.graph.edges) <= SCT_IN_AUTO_MAX_EDGES else ()
-  # m-topo-live simulates every plan it tries: cheap below 5,000 ops.
   live = ("m-topo-live",) if len(problem.graph) <= LIVE_IN_AUTO_MAX_OPS else ()
   return AUTO + sct + live + tuple(subsets)
 
