@@ -35,30 +35,30 @@ def test_profile_times_are_positive_and_flagged(step_and_batch):
   assert costs[kernel].persistent_bytes == 512 * 1024 * 4
 
 
-def _ranks(values):
-  return np.argsort(np.argsort(values))
-
-
 def test_two_profiles_agree_within_noise(step_and_batch):
   step, batch = step_and_batch
-  first = profile_step(step, inputs=batch, steps=5, warmup=2)
-  second = profile_step(step, inputs=batch, steps=5, warmup=2)
+  # Medians of 9 traced steps: contention spikes on a shared machine are
+  # outvoted.
+  first = profile_step(step, inputs=batch, steps=9, warmup=2)
+  second = profile_step(step, inputs=batch, steps=9, warmup=2)
   # Load on a shared 2-core machine slows a whole run down; the totals stay
   # within a factor that a broken profiler (zeros, wrong units) would miss.
   assert first.total_compute_us() == pytest.approx(
       second.total_compute_us(), rel=0.5)
   # What placement uses is the profile's shape: each heavy op's share of the
   # step (ops over 2 % of it), and their order. Those agree run to run
-  # (measured here: median share change <= 23 %, rank correlation >= 0.9).
+  # (measured here: median share change <= 23 %).
   heavy = [n for n in first
            if first[n].compute_us > 0.02 * first.total_compute_us()]
   assert len(heavy) >= 5
   share = lambda costs, n: costs[n].compute_us / costs.total_compute_us()
   ratios = [math.log(share(second, n) / share(first, n)) for n in heavy]
   assert float(np.median(np.abs(ratios))) < math.log(1.5)
-  a = _ranks([first[n].compute_us for n in heavy])
-  b = _ranks([second[n].compute_us for n in heavy])
-  assert float(np.corrcoef(a, b)[0, 1]) > 0.7  # Spearman rank correlation
+  # The heavy ops' times correlate run to run. (Log times, not ranks:
+  # MatMuls of equal size take nearly equal time, so their order is noise.)
+  a = np.log([first[n].compute_us for n in heavy])
+  b = np.log([second[n].compute_us for n in heavy])
+  assert float(np.corrcoef(a, b)[0, 1]) > 0.7
 
 
 def test_bad_arguments_are_named(step_and_batch):
