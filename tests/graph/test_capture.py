@@ -156,8 +156,7 @@ def test_graphdef_with_class_colocation_and_unknown_batch():
 
 def test_graphdef_that_does_not_import_is_named():
   gd = tf.compat.v1.GraphDef()
-  node = gd.node.add(name="n", op="NoSuchOpAnywhere")
-  del node
+  gd.node.add(name="n", op="NoSuchOpAnywhere")
   with pytest.raises(ValueError, match="Argument `graph_def` must be a "
                      "GraphDef that TensorFlow can import"):
     opgraph_from_graphdef(gd)

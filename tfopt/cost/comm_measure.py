@@ -71,7 +71,7 @@ def measure_transfer_times(sizes: Sequence[int] = DEFAULT_SIZES, *,
                       for s in sizes):
     raise invalid_argument("sizes", "a non-empty list of positive byte counts",
                            sizes)
-  servers = []  # keeps the servers referenced while they are measured
+  servers = []  # the servers must stay referenced while measured
   if src_device is None and dst_device is None:
     servers = start_loopback_servers(2)
     target = servers[0].target
@@ -109,7 +109,6 @@ def measure_transfer_times(sizes: Sequence[int] = DEFAULT_SIZES, *,
       delta = _timed(session, remote, repeats) - _timed(session, local,
                                                         repeats)
       results.append((size, max(0.0, delta)))
-  del servers
   return results
 
 

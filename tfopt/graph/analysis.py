@@ -85,6 +85,8 @@ def graph_summary(graph: OpGraph, costs: CostModel,
                   num_devices: int = 4) -> dict:
   """Counts and totals a person reads first, as a JSON-ready dict."""
   output_bytes = sum(sum(op.output_bytes) for op in graph.ops)
+  path_us = critical_path(graph, costs).length_us
+  total_us = sum(costs[op.name].compute_us for op in graph.ops)
   persistent = sum(costs[op.name].persistent_bytes for op in graph.ops)
   temp = sum(costs[op.name].temp_bytes for op in graph.ops)
   data_edges = [e for e in graph.edges if not e.is_control]
@@ -96,11 +98,12 @@ def graph_summary(graph: OpGraph, costs: CostModel,
       "colocation_groups": len(graph.colocation_groups),
       "backward_ops": sum(1 for op in graph.ops if op.backward),
       "profiled_ops": sum(1 for op in graph.ops if costs[op.name].profiled),
-      "total_compute_us": sum(costs[op.name].compute_us for op in graph.ops),
-      "critical_path_us": critical_path(graph, costs).length_us,
+      "total_compute_us": total_us,
+      "critical_path_us": path_us,
       "critical_path_with_comm_us": critical_path(graph, costs,
                                                   CommModel()).length_us,
-      "lower_bound_us": makespan_lower_bound(graph, costs, num_devices),
+      # makespan_lower_bound's formula, reusing the path computed above.
+      "lower_bound_us": max(path_us, total_us / num_devices),
       "lower_bound_devices": num_devices,
       "persistent_bytes": persistent,
       "output_bytes": output_bytes,

@@ -278,9 +278,14 @@ def place(graph: OpGraph, cluster: Cluster, costs, placer: str = "auto", *,
     elif best_so_far is None and len(graph) <= exact_placer.MAX_OPS:
       candidates.append(_exact_attempt(problem, None, EXACT_REPAIR_TIME))
   lower = makespan_lower_bound(graph, problem.costs, len(cluster))
-  everything_on_0 = Placement.single_device(graph, len(cluster))
-  single_us = simulate(graph, everything_on_0, problem.costs,
-                       cluster).makespan_us
+  single = next((c for c in candidates
+                 if c.placer == "single" and c.schedule is not None), None)
+  if single is None:  # a named placer ran: simulate one device here
+    single = Candidate("single", 0.0, schedule=simulate(
+        graph, Placement.single_device(graph, len(cluster)), problem.costs,
+        cluster))
+  # Devices differ only in caps and types, which do not change timing.
+  single_us = single.schedule.makespan_us
   feasible = [c for c in candidates if c.feasible]
   if not feasible:
     reasons = "; ".join(
