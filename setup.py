@@ -25,6 +25,8 @@ setup(
         "matplotlib>=3.7,<4",
     ],
     extras_require={
-        "test": ["pytest>=8,<10", "pytest-timeout>=2.2,<3"],
+        # jax: the optimizers are checked on Keras' JAX backend too.
+        "test": ["pytest>=8,<10", "pytest-timeout>=2.2,<3",
+                 "jax>=0.4.35,<0.11"],
     },
 )

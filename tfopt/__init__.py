@@ -2,7 +2,8 @@
 
 The foundation: capture a step as an `OpGraph` (`tfopt.graph`), cost it by
 profiling or estimate (`tfopt.cost`), describe devices (`tfopt.cluster`), and
-build models to try it on (`tfopt.zoo`).
+build models to try it on (`tfopt.zoo`). Placement: `tfopt.placement`;
+Cautious Weight Decay optimizers for Keras 3: `tfopt.optimizers`.
 """
 
 __version__ = "0.1.0"
