@@ -14,5 +14,11 @@ import sys
 TENSORFLOW_LOADED_FIRST = ("tensorflow" in sys.modules and
                            "ortools.sat.python.cp_model" not in sys.modules)
 
-from ortools.linear_solver import pywraplp  # noqa: E402,F401
-from ortools.sat.python import cp_model  # noqa: E402,F401
+try:
+  from ortools.linear_solver import pywraplp  # noqa: E402,F401
+  from ortools.sat.python import cp_model  # noqa: E402,F401
+except ImportError:
+  # Only placement needs OR-Tools, and it imports it itself (and fails
+  # loudly there). The optimizers must import on a machine with Keras on
+  # JAX and neither OR-Tools nor TensorFlow.
+  pass

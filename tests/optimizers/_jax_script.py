@@ -62,9 +62,20 @@ def main():
   json.dump(out, sys.stdout)
 
 
+class _Unavailable:
+  """Import hook: makes TensorFlow and OR-Tools unimportable, as on a
+  JAX-only GPU machine."""
+
+  def find_spec(self, name, path=None, target=None):
+    del path, target
+    if name.split(".")[0] in ("tensorflow", "ortools"):
+      raise ImportError(f"{name} is hidden: the optimizers must not need it")
+
+
 if __name__ == "__main__":
   import os
   os.environ["KERAS_BACKEND"] = "jax"
+  sys.meta_path.insert(0, _Unavailable())
   import keras  # pylint: disable=g-import-not-at-top
   from tests.optimizers import reference
   from tfopt.optimizers import CautiousAdamW, CautiousLion, CautiousMuon

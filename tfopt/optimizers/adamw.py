@@ -11,7 +11,10 @@ from tfopt.optimizers.cautious import (CautiousDecayMixin, as_dtype,
 
 def adam_step(optimizer, gradient, variable, learning_rate, m, v, v_hat,
               beta_1, beta_2, epsilon):
-  """Updates Adam's moments in place and returns the step `lr * u`.
+  """Updates Adam's moments in place; returns the step `lr * u` and `m`.
+
+  `m` (the new first moment) has the sign of the step wherever the step
+  does not underflow: alpha > 0 and sqrt(v) + eps > 0.
 
   The float operations, their order and the dtype casts are Keras' own
   (`keras.optimizers.Adam.update_step`), so a caller that subtracts the step
@@ -31,7 +34,7 @@ def adam_step(optimizer, gradient, variable, learning_rate, m, v, v_hat,
   if v_hat is not None:
     optimizer.assign(v_hat, ops.maximum(v_hat, v))
     v = v_hat
-  return ops.divide(ops.multiply(m, alpha), ops.add(ops.sqrt(v), epsilon))
+  return ops.divide(ops.multiply(m, alpha), ops.add(ops.sqrt(v), epsilon)), m
 
 
 @keras.saving.register_keras_serializable(package="tfopt")

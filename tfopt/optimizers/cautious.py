@@ -40,31 +40,40 @@ from tfopt._errors import invalid_argument
 
 
 def cautious_mask(step, variable):
-  """Boolean mask of the coordinates CWD decays: sign(step) * sign(x) >= 0.
+  """Boolean mask of the coordinates CWD decays: step * x >= 0.
 
-  `step` is `lr * u` with lr > 0, so it has the sign of `u`. Signs are
-  multiplied instead of the values so tiny u and x cannot underflow to a
-  false tie.
+  `step` is `lr * u` with lr > 0 (or any tensor with the sign of u), so this
+  is the paper's 1[u * x >= 0]. A product that underflows to 0 counts as a
+  tie and decays; the decayed amount, lr * wd * |x|, is then negligible.
+  (Multiplying signs instead avoids that corner but costs ~1.5% of an AdamW
+  step on CPU.)
 
   >>> import numpy as np
   >>> m = cautious_mask(np.array([1., -1., 0., 2.]), np.array([3., 3., -1., 0.]))
   >>> np.asarray(m).tolist()
   [True, False, True, True]
   """
-  return ops.greater_equal(ops.multiply(ops.sign(step), ops.sign(variable)), 0)
+  return ops.greater_equal(ops.multiply(step, variable), 0)
 
 
-def decay_then_step(variable, step, weight_decay, learning_rate, cautious):
+def decay_then_step(variable, step, weight_decay, learning_rate, cautious,
+                    direction=None):
   """Returns `(new_value, mask)` for one variable; `mask` is None if plain.
 
   new_value = (x - where(mask, x * wd * lr, 0)) - step, with x the value
   before the update. The product keeps Keras' order `x * wd * lr` so that a
   mask of all ones gives exactly Keras' decoupled decay.
+
+  `direction`, if given, is a cheaper tensor with the sign of `step` (Adam's
+  first moment, Lion's interpolation) to take the mask from. Under XLA a
+  step used twice (mask and subtraction) is computed twice or written to
+  memory: taking the sign from Adam's moment instead brought the cautious
+  AdamW step from 2.3x Keras' time to parity on a 4-layer Transformer.
   """
   decay = ops.multiply(ops.multiply(variable, weight_decay), learning_rate)
   mask = None
   if cautious:
-    mask = cautious_mask(step, variable)
+    mask = cautious_mask(step if direction is None else direction, variable)
     decay = ops.where(mask, decay, ops.zeros_like(decay))
   return ops.subtract(ops.subtract(variable, decay), step), mask
 
@@ -140,9 +149,11 @@ class CautiousDecayMixin:
   """Moves weight decay into the update step and makes it optionally cautious.
 
   Mixed in before a Keras optimizer class, which must provide
-  `_descent_step(gradient, variable, learning_rate, index) -> step`: update
-  the optimizer's slots and return the step `lr * u` that would be
-  subtracted, without touching the variable. Subclasses may override
+  `_descent_step(gradient, variable, learning_rate, index)
+  -> (step, direction)`: update the optimizer's slots and return the step
+  `lr * u` that would be subtracted, without touching the variable, and
+  either None or a tensor with the sign of `u` that is cheaper to read
+  than the step (see `decay_then_step`). Subclasses may override
   `_weight_decay_for(variable)` (Muon decays its two groups differently).
 
   Arguments handled here (all serialized by `get_config`):
@@ -225,14 +236,16 @@ class CautiousDecayMixin:
   def update_step(self, gradient, variable, learning_rate):
     index = self._get_variable_index(variable)
     gradient = densify(gradient)
-    step = self._descent_step(gradient, variable, learning_rate, index)
+    step, direction = self._descent_step(gradient, variable, learning_rate,
+                                         index)
     rate = self._cwd_rates[index]
     if rate is None:
       self.assign_sub(variable, step)
       return
     new_value, mask = decay_then_step(
         variable, step, as_dtype(rate, variable.dtype),
-        as_dtype(learning_rate, variable.dtype), self.cautious_weight_decay)
+        as_dtype(learning_rate, variable.dtype), self.cautious_weight_decay,
+        direction)
     self.assign(variable, new_value)
     counter = self._cwd_counters[index]
     if counter is not None:

@@ -51,11 +51,12 @@ class CautiousLion(CautiousDecayMixin, keras.optimizers.Lion):
     beta_1 = as_dtype(self.beta_1, dtype)
     beta_2 = as_dtype(self.beta_2, dtype)
     m = self._momentums[index]
-    step = ops.multiply(lr, ops.sign(ops.add(
-        ops.multiply(m, beta_1), ops.multiply(gradient, (1.0 - beta_1)))))
+    interpolation = ops.add(ops.multiply(m, beta_1),
+                            ops.multiply(gradient, (1.0 - beta_1)))
+    step = ops.multiply(lr, ops.sign(interpolation))
     self.assign(m, ops.add(ops.multiply(m, beta_2),
                            ops.multiply(gradient, (1.0 - beta_2))))
-    return step
+    return step, interpolation
 
   def get_config(self):
     config = super().get_config()

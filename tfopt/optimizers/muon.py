@@ -158,7 +158,8 @@ class CautiousMuon(CautiousDecayMixin, keras.optimizers.Muon):
     step = as_dtype(learning_rate, dtype) * update
     for factor in scale_factors(rows, cols, self.scale_mode, self.rms_rate):
       step = step * as_dtype(factor, dtype)
-    return step
+    # The step comes out of a matmul, materialized anyway: mask from it.
+    return step, None
 
   def get_config(self):
     config = super().get_config()
