@@ -1,4 +1,5 @@
-"""The two models the optimizer step-time benchmarks update (any backend)."""
+"""What the optimizer step-time benchmarks update, and with what (any Keras
+backend; no TensorFlow or absl needed)."""
 
 
 def mlp():
@@ -23,3 +24,20 @@ def transformer(layers=4, d=512, heads=8, vocab=1000, seq=64):
 
 
 MODELS = {"mlp_3.7M": mlp, "transformer_4x512": transformer}
+
+
+def optimizer_pairs():
+  """(name, make ours, make Keras' twin): CWD on, the same hyperparameters.
+
+  Muon is compared with routing="keras", the same work as Keras' Muon.
+  """
+  import keras
+  from tfopt.optimizers import CautiousAdamW, CautiousLion, CautiousMuon
+  return [
+      ("adamw", lambda: CautiousAdamW(weight_decay=0.1),
+       lambda: keras.optimizers.AdamW(weight_decay=0.1)),
+      ("lion", lambda: CautiousLion(learning_rate=1e-4, weight_decay=1.0),
+       lambda: keras.optimizers.Lion(learning_rate=1e-4, weight_decay=1.0)),
+      ("muon", lambda: CautiousMuon(weight_decay=0.1, routing="keras"),
+       lambda: keras.optimizers.Muon(weight_decay=0.1)),
+  ]

@@ -57,19 +57,6 @@ flags.DEFINE_string("plot", os.path.join(
 # overhead
 
 
-def _pairs():
-  import keras
-  from tfopt.optimizers import CautiousAdamW, CautiousLion, CautiousMuon
-  return [
-      ("adamw", lambda: CautiousAdamW(weight_decay=0.1),
-       lambda: keras.optimizers.AdamW(weight_decay=0.1)),
-      ("lion", lambda: CautiousLion(learning_rate=1e-4, weight_decay=1.0),
-       lambda: keras.optimizers.Lion(learning_rate=1e-4, weight_decay=1.0)),
-      ("muon", lambda: CautiousMuon(weight_decay=0.1, routing="keras"),
-       lambda: keras.optimizers.Muon(weight_decay=0.1)),
-  ]
-
-
 def _stepper(model, make):
   import numpy as np
   import tensorflow as tf
@@ -114,12 +101,12 @@ def overhead(steps, muon_steps):
   import keras
   from tfopt.optimizers import CautiousMuon
   rows = []
-  from benchmarks._models import MODELS
+  from benchmarks._models import MODELS, optimizer_pairs
   for model_name, build in MODELS.items():
     keras.utils.set_random_seed(0)
     model = build()
     params = sum(int(v.numpy().size) for v in model.trainable_variables)
-    for name, ours, theirs in _pairs():
+    for name, ours, theirs in optimizer_pairs():
       t_ours, t_keras = _time_side_by_side(
           [_stepper(model, ours), _stepper(model, theirs)],
           muon_steps if name == "muon" else steps,

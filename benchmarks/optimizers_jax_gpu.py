@@ -23,18 +23,6 @@ import time
 os.environ.setdefault("KERAS_BACKEND", "jax")
 
 
-def _pairs(keras):
-  from tfopt.optimizers import CautiousAdamW, CautiousLion, CautiousMuon
-  return [
-      ("adamw", lambda: CautiousAdamW(weight_decay=0.1),
-       lambda: keras.optimizers.AdamW(weight_decay=0.1)),
-      ("lion", lambda: CautiousLion(learning_rate=1e-4, weight_decay=1.0),
-       lambda: keras.optimizers.Lion(learning_rate=1e-4, weight_decay=1.0)),
-      ("muon", lambda: CautiousMuon(weight_decay=0.1, routing="keras"),
-       lambda: keras.optimizers.Muon(weight_decay=0.1)),
-  ]
-
-
 def _stepper(model, make):
   import jax
   import numpy as np
@@ -79,7 +67,7 @@ def main(argv=None):
   args = parser.parse_args(argv)
   import jax
   import keras
-  from benchmarks._models import MODELS
+  from benchmarks._models import MODELS, optimizer_pairs
   if keras.backend.backend() != "jax":
     sys.exit("Run with KERAS_BACKEND=jax.")
   platform = jax.devices()[0].platform
@@ -87,7 +75,7 @@ def main(argv=None):
   for model_name, build in MODELS.items():
     keras.utils.set_random_seed(0)
     model = build()
-    for name, ours, theirs in _pairs(keras):
+    for name, ours, theirs in optimizer_pairs():
       t_ours, t_keras = _time([_stepper(model, ours), _stepper(model, theirs)],
                               args.steps)
       rows.append({"model": model_name, "optimizer": name,

@@ -2,8 +2,9 @@
 JAX backend against the float64 NumPy references (x64 enabled) and inside a
 jitted `model.fit`. Prints a JSON summary.
 
-Nothing happens on import (pytest's doctest collection imports every module):
-the backend is chosen in `__main__`, before Keras is imported.
+TensorFlow and OR-Tools are made unimportable first, as on a JAX-only GPU
+machine. Nothing happens on import (pytest's doctest collection imports
+every module): all of that is done in `__main__`, before Keras is imported.
 """
 
 import json

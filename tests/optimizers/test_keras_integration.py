@@ -1,6 +1,12 @@
 """The Cautious optimizers inside Keras: fit, XLA, sparse gradients,
 schedules, accumulation, mixed precision, save/load, lookup, bad input."""
 
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+
 import numpy as np
 import pytest
 import tensorflow as tf
@@ -221,7 +227,8 @@ def test_muon_routing_table_on_a_mixed_model():
   model = keras.Model(inputs, outputs)
   opt = CautiousMuon(exclude_layers=["head"])
   opt.build(model.trainable_variables)
-  table = {r.path: (r.optimizer, r.matrix_shape) for r in opt.routing_table()}
+  table = {path: (r.optimizer, r.matrix_shape)
+           for path, r in opt.routing_table().items()}
   assert table == {
       "embed/embeddings": ("adamw", None),
       "mha/query/kernel": ("muon", (16, 16)),
@@ -240,13 +247,13 @@ def test_muon_routing_table_on_a_mixed_model():
       "head/bias": ("adamw", None),
   }
   # Keras' rule routes the other way round on attention.
-  keras_rule = {r.path: r.optimizer for r in CautiousMuon(
-      routing="keras").routing_table(model.trainable_variables)}
+  keras_rule = {path: r.optimizer for path, r in CautiousMuon(
+      routing="keras").routing_table(model.trainable_variables).items()}
   assert keras_rule["mha/query/kernel"] == "adamw"
   assert keras_rule["mha/query/bias"] == "muon"
   conv = CautiousMuon(muon_conv_kernels=True).routing_table(
       [v for v in model.trainable_variables if v.path == "conv/kernel"])
-  assert conv[0].matrix_shape == (9, 4)
+  assert conv["conv/kernel"].matrix_shape == (9, 4)
   assert "mha/query/kernel" in format_routing_table(opt.routing_table())
   # Only Muon-routed variables lack an Adam velocity.
   velocities = [v is not None for v in opt.adam_velocities]
@@ -282,6 +289,10 @@ def test_muon_routing_table_on_a_mixed_model():
      "Argument `decay_exclude_patterns` must be a list of valid regular "
      "expressions ('bias(': missing ), unterminated subpattern at position "
      "4). Received: decay_exclude_patterns=['bias(']"),
+    (lambda: CautiousMuon(exclude_layers=["head", "[a-"]),
+     "Argument `exclude_layers` must be a list of valid regular expressions "
+     "('[a-': unterminated character set at position 0). "
+     "Received: exclude_layers=['head', '[a-']"),
     (lambda: CautiousMuon(exclude_layers="head"),
      "Argument `exclude_layers` must be a list of regular-expression "
      "strings. Received: exclude_layers='head'"),
@@ -304,19 +315,20 @@ def test_diagnostics_need_tracking_and_a_build():
     CautiousMuon().routing_table()
 
 
-@pytest.mark.slow
-def test_mirrored_strategy_on_two_cpus_equals_one_device():
-  import json
-  import os
-  import subprocess
-  import sys
+def _run_script(module, **env):
+  """Runs `python -m module` from the repo root; returns its JSON output."""
   root = os.path.dirname(os.path.dirname(os.path.dirname(__file__)))
   proc = subprocess.run(
-      [sys.executable, "-m", "tests.optimizers._mirrored_script"], cwd=root,
-      capture_output=True, text=True, timeout=600,
-      env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2"))
+      [sys.executable, "-m", module], cwd=root, capture_output=True,
+      text=True, timeout=600,
+      env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", **env))
   assert proc.returncode == 0, proc.stderr[-3000:]
-  result = json.loads(proc.stdout.strip().splitlines()[-1])
+  return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.slow
+def test_mirrored_strategy_on_two_cpus_equals_one_device():
+  result = _run_script("tests.optimizers._mirrored_script")
   for name in ("adamw", "lion", "muon"):
     assert result[name]["replicas"] == 2
     assert result[name]["max_diff"] < 1e-5, (name, result[name])
@@ -325,21 +337,12 @@ def test_mirrored_strategy_on_two_cpus_equals_one_device():
 
 @pytest.mark.slow
 def test_on_keras_jax_backend_against_numpy():
-  import importlib.util
-  import json
-  import os
-  import subprocess
-  import sys
+  # The script also hides TensorFlow and OR-Tools: a JAX-only machine must
+  # be able to import and run the optimizers.
   if importlib.util.find_spec("jax") is None:
     pytest.skip("jax is not installed (pip install -e '.[test]' brings it)")
-  root = os.path.dirname(os.path.dirname(os.path.dirname(__file__)))
-  proc = subprocess.run(
-      [sys.executable, "-m", "tests.optimizers._jax_script"], cwd=root,
-      capture_output=True, text=True, timeout=600,
-      env=dict(os.environ, KERAS_BACKEND="jax", TF_CPP_MIN_LOG_LEVEL="2",
-               JAX_PLATFORMS="cpu"))
-  assert proc.returncode == 0, proc.stderr[-3000:]
-  result = json.loads(proc.stdout.strip().splitlines()[-1])
+  result = _run_script("tests.optimizers._jax_script", KERAS_BACKEND="jax",
+                       JAX_PLATFORMS="cpu")
   for name in ("adamw", "lion", "muon"):
     assert result[name] < 1e-12, (name, result[name])
   assert result["fit"] == [True, True, True]

@@ -72,8 +72,8 @@ def test_muon_matches_numpy_reference_in_float64(cautious, scale_mode):
                      adam_lr_ratio=0.5, scale_mode=scale_mode,
                      cautious_weight_decay=cautious)
   ours = _run(opt)
-  assert [r.matrix_shape for r in opt.routing_table()] == [(6, 4), None,
-                                                           (4, 6)]
+  assert [r.matrix_shape for r in opt.routing_table().values()] == [
+      (6, 4), None, (4, 6)]
   ref = reference.MuonRef(LR, 0.75, WD, WD / 2, B1, B2, EPS,
                           scale_mode=scale_mode, adam_lr_ratio=0.5,
                           cautious=cautious)

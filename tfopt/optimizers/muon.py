@@ -115,19 +115,22 @@ class CautiousMuon(CautiousDecayMixin, keras.optimizers.Muon):
     # Keras' Muon.build asks this to decide which variables get a velocity.
     return self._route_by_key[self._var_key(variable)].optimizer == "adamw"
 
-  def routing_table(self, variables=None) -> list[Route]:
-    """One `Route` per variable: muon/adamw, the matrix shape and why.
+  def routing_table(self, variables=None) -> dict[str, Route]:
+    """Variable path -> `Route`: muon or adamw, the matrix shape, and why.
 
     Without `variables`, the table the optimizer was built with; with them,
-    what it would decide (nothing is built). `format_routing_table` prints it.
+    what it would decide (nothing is built). In variable order;
+    `format_routing_table` prints it.
     """
     if variables is not None:
-      return [self._route(v) for v in variables]
-    if not self.built:
+      routes = [self._route(v) for v in variables]
+    elif not self.built:
       raise ValueError(
           "`routing_table()` without `variables` needs a built optimizer: "
           "pass `variables=model.trainable_variables` or build it first.")
-    return list(self._routes)
+    else:
+      routes = self._routes
+    return {r.path: r for r in routes}
 
   def _weight_decay_for(self, variable):
     if self._should_use_adamw(variable):

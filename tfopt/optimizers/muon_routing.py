@@ -29,7 +29,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import re
-from typing import Sequence
+from typing import Mapping, Sequence
 
 ROUTINGS = ("tfopt", "keras")
 _NON_MATRIX_NAMES = re.compile(r"(^|_)(bias|beta|gamma|moving_mean|"
@@ -113,8 +113,10 @@ def _pattern_text(pattern) -> str:
   return pattern.pattern if isinstance(pattern, re.Pattern) else str(pattern)
 
 
-def format_routing_table(routes: Sequence[Route]) -> str:
+def format_routing_table(routes: Mapping[str, Route] | Sequence[Route]) -> str:
   """A fixed-width table of routes, one variable per line."""
+  if isinstance(routes, Mapping):
+    routes = list(routes.values())
   rows = [("path", "shape", "optimizer", "matrix", "reason")]
   for r in routes:
     rows.append((r.path, "x".join(map(str, r.shape)) or "scalar", r.optimizer,
