@@ -313,6 +313,8 @@ def test_diagnostics_need_tracking_and_a_build():
     CautiousAdamW(track_decay_fraction=True).decay_fraction()
   with pytest.raises(ValueError, match="built optimizer"):
     CautiousMuon().routing_table()
+  with pytest.raises(ValueError, match=r"Received: every_n_batches=0"):
+    DecayFractionLogger(every_n_batches=0)
 
 
 def _run_script(module, **env):

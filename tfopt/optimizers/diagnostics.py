@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import keras
 
+from tfopt._errors import invalid_argument
+
 
 class DecayFractionLogger(keras.callbacks.Callback):
   """Adds `cwd_decay_fraction` to the epoch logs (and, optionally, batch logs).
@@ -26,8 +28,8 @@ class DecayFractionLogger(keras.callbacks.Callback):
     if every_n_batches is not None and (
         isinstance(every_n_batches, bool) or
         not isinstance(every_n_batches, int) or every_n_batches < 1):
-      raise ValueError("Argument `every_n_batches` must be a positive integer "
-                       f"or None. Received: every_n_batches={every_n_batches!r}")
+      raise invalid_argument("every_n_batches", "a positive integer or None",
+                             every_n_batches)
     self.every_n_batches = every_n_batches
 
   def _fraction(self) -> float:

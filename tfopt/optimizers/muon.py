@@ -79,7 +79,7 @@ class CautiousMuon(CautiousDecayMixin, keras.optimizers.Muon):
       check_number("rms_rate", rms_rate, 0, inf, low_open=True)
     if not isinstance(muon_conv_kernels, bool):
       raise invalid_argument("muon_conv_kernels", "a bool", muon_conv_kernels)
-    exclude_layers, self_regexes = compile_patterns("exclude_layers",
+    exclude_layers, layer_regexes = compile_patterns("exclude_layers",
                                                     exclude_layers)
     super().__init__(
         learning_rate=learning_rate, adam_beta_1=adam_beta_1,
@@ -93,7 +93,7 @@ class CautiousMuon(CautiousDecayMixin, keras.optimizers.Muon):
     self.routing = routing
     self.scale_mode = scale_mode
     self.muon_conv_kernels = muon_conv_kernels
-    self._exclude_layer_regexes = self_regexes
+    self._exclude_layer_regexes = layer_regexes
     self._init_cautious(cautious_weight_decay, decay_exclude_patterns,
                         track_decay_fraction)
 
