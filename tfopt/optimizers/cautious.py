@@ -92,10 +92,11 @@ def as_dtype(value, dtype):
 def densify(gradient):
   """A dense gradient; TF `IndexedSlices` (Embedding) summed into a tensor.
 
-  Keras' element-wise ops act on the slices of an `IndexedSlices` one by one,
-  so an index that occurs twice in a batch gets g1^2 + g2^2 in Adam's
-  second moment instead of (g1 + g2)^2. The moments are dense anyway, so
-  densifying first costs nothing the update would not pay.
+  Keras' element-wise ops act on the slices of an `IndexedSlices` one by
+  one, so when an index occurs twice in a batch Keras' own AdamW updates
+  differently from the same gradient in dense form (see
+  tests/optimizers/test_keras_integration.py). The moments are dense
+  anyway, so densifying first costs nothing the update would not pay.
   """
   if keras.backend.backend() == "tensorflow":
     import tensorflow as tf  # pylint: disable=g-import-not-at-top
