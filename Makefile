@@ -13,6 +13,9 @@ $(STAMP): setup.py
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet -e '.[test]'
+	# keras-hub without its tensorflow-text dependency, which would replace
+	# tensorflow-cpu with the full tensorflow wheel (setup.py, extra "hub").
+	$(PY) -m pip install --quiet --no-deps 'keras-hub>=0.32,<0.33'
 	touch $(STAMP)
 
 demo: $(STAMP)

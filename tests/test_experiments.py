@@ -66,3 +66,41 @@ def test_place_script_json_plan_and_gantt(tmp_path):
   assert tiny.returncode == 1
   assert json.loads(tiny.stdout)["feasible"] is False
   assert "needs" in json.loads(tiny.stdout)["error"]
+
+
+def _prune_moe(*args):
+  return subprocess.run([sys.executable, "-m", "experiments.prune_moe", *args],
+                        cwd=ROOT, capture_output=True, text=True, timeout=600)
+
+
+def test_prune_moe_script_reports_and_exports(tmp_path):
+  import json
+
+  export = tmp_path / "sparse"
+  done = _prune_moe("--methods=magnitude,moe_pruner", "--sparsity=0.5",
+                    "--calibration_windows=4", "--eval_windows=8", "--json",
+                    f"--export_dir={export}")
+  assert done.returncode == 0, done.stderr[-2000:]
+  out = json.loads(done.stdout.strip().splitlines()[-1])
+  # The committed reference model is trained: low perplexity on bytes.
+  assert 1.5 < out["dense_ppl"] < 8
+  ratios = {r["method"]: r["ppl_ratio"] for r in out["runs"]}
+  assert set(ratios) == {"magnitude", "moe_pruner"}
+  assert all(r["sparsity"] == 0.5 for r in out["runs"])
+  assert 1.0 < ratios["moe_pruner"] < ratios["magnitude"]
+  assert out["export_ratio"] <= 0.54
+  assert (export / "manifest.json").exists()
+  again = _prune_moe("--methods=moe_pruner", "--calibration_windows=4",
+                     "--eval_windows=8", f"--export_dir={export}")
+  assert again.returncode != 0 and "--overwrite" in again.stderr
+
+
+def test_prune_moe_script_bad_flags(tmp_path):
+  for args, message in [
+      (["--sparsity=1.5"], "--sparsity must be in [0, 1). Received: 1.5"),
+      (["--methods=random"], "--methods must be a non-empty list"),
+      (["--pattern=half"], '--pattern must be N:M such as "2:4"'),
+      ([f"--checkpoint={tmp_path}/none.weights.h5"], "pass --train")]:
+    done = _prune_moe(*args)
+    assert done.returncode != 0
+    assert message in done.stderr, done.stderr[-1000:]

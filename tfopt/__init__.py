@@ -3,7 +3,9 @@
 The foundation: capture a step as an `OpGraph` (`tfopt.graph`), cost it by
 profiling or estimate (`tfopt.cost`), describe devices (`tfopt.cluster`), and
 build models to try it on (`tfopt.zoo`). Placement: `tfopt.placement`;
-Cautious Weight Decay optimizers for Keras 3: `tfopt.optimizers`.
+Cautious Weight Decay optimizers for Keras 3: `tfopt.optimizers`; MoE
+pruning (MoE-Pruner, baselines, distillation, sparse export):
+`tfopt.pruning`.
 """
 
 __version__ = "0.1.0"

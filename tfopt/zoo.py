@@ -137,6 +137,40 @@ def transformer_lm(*, vocab_size: int = 8000, seq_len: int = 128,
                   _labelled((seq_len,), vocab_size, integer_inputs=True))
 
 
+def moe_lm(*, vocab_size: int = 256, seq_len: int = 128, num_layers: int = 2,
+           d_model: int = 128, num_heads: int = 4, num_experts: int = 8,
+           expert_dim: int = 128, top_k: int = 2,
+           load_balance_coef: float = 0.01,
+           optimizer: Any = "adam") -> ZooModel:
+  """A causal mixture-of-experts language model (byte-level by default):
+  pre-norm blocks of attention and a `tfopt.pruning.MoE` feed-forward
+  (Mixtral-style top-k SwiGLU experts). MoE layers are named block_{i}_moe."""
+  import keras
+  from tfopt.pruning.moe_layer import MoE
+  L = keras.layers
+  tokens = keras.Input((seq_len,), dtype="int32", name="tokens")
+  x = L.Embedding(vocab_size, d_model, name="embed")(tokens)
+  # Position ids derived from the input tensor so the position embedding is
+  # a node of the functional graph (trained and saved); embedding a constant
+  # `arange` would be evaluated once at construction and frozen.
+  position_ids = keras.ops.cumsum(keras.ops.ones_like(tokens), axis=1) - 1
+  x = x + L.Embedding(seq_len, d_model, name="pos_embed")(position_ids)
+  for i in range(num_layers):
+    h = L.LayerNormalization(name=f"block_{i}_ln1")(x)
+    h = L.MultiHeadAttention(num_heads, d_model // num_heads,
+                             name=f"block_{i}_attn")(h, h, use_causal_mask=True)
+    x = x + h
+    h = L.LayerNormalization(name=f"block_{i}_ln2")(x)
+    x = x + MoE(num_experts, expert_dim, top_k=top_k,
+                load_balance_coef=load_balance_coef, name=f"block_{i}_moe")(h)
+  x = L.LayerNormalization(name="final_ln")(x)
+  logits = L.Dense(vocab_size, name="lm_head")(x)
+  model = keras.Model(tokens, logits, name="moe_lm")
+  model.compile(optimizer=optimizer, loss=_sparse_ce())
+  return ZooModel("moe_lm", model,
+                  _labelled((seq_len,), vocab_size, integer_inputs=True))
+
+
 def gnmt(*, vocab_size: int = 8000, seq_len: int = 16, units: int = 256,
          encoder_layers: int = 2, decoder_layers: int = 2,
          optimizer: Any = "adam") -> ZooModel:
@@ -180,7 +214,7 @@ def gnmt(*, vocab_size: int = 8000, seq_len: int = 16, units: int = 256,
 
 BUILDERS = {"mlp": mlp, "small_cnn": small_cnn, "resnet50": resnet50,
             "inception_v3": inception_v3, "transformer_lm": transformer_lm,
-            "gnmt": gnmt}
+            "moe_lm": moe_lm, "gnmt": gnmt}
 
 
 def build(name: str, **kwargs) -> ZooModel:

@@ -1,0 +1,170 @@
+"""MoEPruner / ExpertDistiller during fit: masks exact after fine-tuning,
+gradual schedules, the distillation term and its automatic lambda."""
+
+import keras
+import numpy as np
+import pytest
+from keras import ops
+
+import tfopt  # noqa: F401  (OR-Tools before TensorFlow)
+from tfopt import zoo
+from tfopt.optimizers import CautiousAdamW
+from tfopt.pruning import (ExpertDistiller, MoEPruner, adapter_for,
+                           capture_inputs, find_moe_layers, installed_masks,
+                           strip_pruning)
+
+
+def _model(seed=0, optimizer="adam"):
+  keras.utils.set_random_seed(seed)
+  zm = zoo.moe_lm(vocab_size=40, seq_len=8, num_layers=2, d_model=16,
+                  num_heads=2, num_experts=4, expert_dim=16,
+                  optimizer=optimizer)
+  x, y = zm.batch(32, seed=seed)
+  return zm.model, x, y
+
+
+def _assert_masked(model, masks):
+  values = {v.path: v.numpy() for v in model.weights}
+  for path, keep in masks.items():
+    assert np.all(values[path][~keep] == 0), path
+    assert np.count_nonzero(values[path][keep]) == keep.sum(), path
+
+
+@pytest.mark.parametrize("at_step", [0, 3])
+def test_masks_exact_after_fine_tuning(at_step):
+  # A decaying, momentum optimizer and a train function that was already
+  # traced before pruning (at_step=3): the zeros must stay exact zeros.
+  model, x, y = _model(optimizer=CautiousAdamW(1e-2, weight_decay=0.1))
+  model.compile(optimizer=model.optimizer, loss=model.loss, jit_compile=True)
+  pruner = MoEPruner(x[:16], method="moe_pruner", sparsity=0.5,
+                     at_step=at_step)
+  model.fit(x, y, batch_size=4, epochs=2, verbose=0, callbacks=[pruner])
+  assert len(pruner.reports) == 1
+  masks = installed_masks(model)
+  assert len(masks) == 6
+  _assert_masked(model, masks)
+  for keep in masks.values():
+    assert (keep.sum(axis=1) == 8).all()
+  # Weights kept did train after pruning (not frozen).
+  kept_before = {p: k for p, k in masks.items()}
+  values = {v.path: v.numpy().copy() for v in model.weights}
+  model.fit(x, y, batch_size=4, epochs=1, verbose=0)
+  after = {v.path: v.numpy() for v in model.weights}
+  for path, keep in kept_before.items():
+    assert not np.array_equal(values[path][keep], after[path][keep])
+  _assert_masked(model, masks)
+  # strip_pruning lets the zeros train again.
+  assert set(strip_pruning(model)) == set(masks)
+  assert not installed_masks(model)
+  model.fit(x, y, batch_size=4, epochs=1, verbose=0)
+  regrown = sum(np.count_nonzero(v.numpy()[~masks[v.path]])
+                for v in model.weights if v.path in masks)
+  assert regrown > 0
+
+
+def test_gradual_schedule_nested_masks():
+  model, x, y = _model()
+  pruner = MoEPruner(x[:16], method="wanda", sparsity=0.75,
+                     gradual=(0, 6, 3))
+  model.fit(x, y, batch_size=4, epochs=1, verbose=0, callbacks=[pruner])
+  assert len(pruner.reports) == 3
+  sizes = [r.sparsity for r in pruner.reports]
+  # Cubic schedule s (1 - (1 - i/3)^3): 0.528, 0.722, 0.75 -> floor(s * 16)/16.
+  assert sizes == pytest.approx([8 / 16, 11 / 16, 12 / 16])
+  for early, late in zip(pruner.reports, pruner.reports[1:]):
+    for path in early.masks:
+      assert not np.any(late.masks[path] & ~early.masks[path])
+  _assert_masked(model, installed_masks(model))
+
+
+def test_pruner_argument_errors():
+  with pytest.raises(ValueError, match="Argument `gradual` must be None "
+                     "with an N:M pattern"):
+    MoEPruner(np.zeros((2, 8)), pattern="2:4", gradual=(0, 5, 2))
+  with pytest.raises(ValueError, match="Argument `gradual` must be"):
+    MoEPruner(np.zeros((2, 8)), sparsity=0.5, gradual=(5, 1, 2))
+  with pytest.raises(ValueError, match="Argument `at_step` must be"):
+    MoEPruner(np.zeros((2, 8)), at_step=-1)
+
+
+def _expert_term(student, teacher, x):
+  """The distillation term by hand: per layer, per expert, the mean over
+  routed tokens of the mean squared output difference."""
+  total = 0.0
+  s_layers, t_layers = find_moe_layers(student), find_moe_layers(teacher)
+  with capture_inputs(s_layers) as capture:
+    student(x, training=False)
+  for s, t in zip(s_layers, t_layers):
+    tokens = capture.of(s)[0]
+    a = adapter_for(s)
+    routed = np.asarray(a.gates(s, tokens)) > 0
+    so = np.asarray(a.expert_outputs(s, tokens), np.float64)
+    to = np.asarray(a.expert_outputs(t, tokens), np.float64)
+    for e in range(routed.shape[1]):
+      r = routed[:, e]
+      if r.any():
+        total += ((so[e][r] - to[e][r]) ** 2).mean()
+  return total
+
+
+def test_distiller_term_and_auto_lambda():
+  teacher, x, y = _model()
+  student, _, _ = _model()
+  student.set_weights(teacher.get_weights())
+  pruner = MoEPruner(x[:16], sparsity=0.5)
+  pruner.set_model(student)
+  pruner.on_train_begin()
+  expected = _expert_term(student, teacher, x[:4])
+  assert expected > 0
+  distiller = ExpertDistiller(teacher)
+  loss_before = float(student.evaluate(x[:4], y[:4], verbose=0))
+  student.fit(x[:4], y[:4], batch_size=4, epochs=1, verbose=0, shuffle=False,
+              callbacks=[distiller])
+  # First batch: lambda 0, the term measured, lambda = loss / term.
+  term = float(ops.convert_to_numpy(distiller.term))
+  assert term == pytest.approx(expected, rel=1e-4)
+  assert distiller.lambda_value > 0
+  # The loss Keras logged on that batch includes the load-balancing loss.
+  assert distiller.lambda_value * term == pytest.approx(
+      distiller.lambda_value * expected, rel=1e-4)
+  assert loss_before > 0
+  assert not any("call" in vars(l) for l in find_moe_layers(student))
+
+
+def test_distiller_lambda_guarded_at_zero_sparsity():
+  teacher, x, y = _model()
+  student, _, _ = _model()
+  student.set_weights(teacher.get_weights())
+  distiller = ExpertDistiller(teacher)
+  with pytest.warns(UserWarning, match="lambda is set to 0"):
+    student.fit(x[:4], y[:4], batch_size=4, epochs=1, verbose=0,
+                callbacks=[distiller])
+  assert distiller.lambda_value == 0.0
+  assert np.isfinite(student.evaluate(x[:4], y[:4], verbose=0))
+
+
+def test_distillation_pulls_experts_toward_teacher():
+  # With a fixed lambda the term must shrink faster than without it.
+  def run(lam):
+    teacher, x, y = _model()
+    student, _, _ = _model()
+    student.set_weights(teacher.get_weights())
+    pruner = MoEPruner(x[:16], sparsity=0.5)
+    callbacks = [pruner] + ([ExpertDistiller(teacher, lambda_=lam)]
+                            if lam else [])
+    student.compile(keras.optimizers.Adam(3e-3), student.loss)
+    student.fit(x, y, batch_size=8, epochs=6, verbose=0,
+                callbacks=callbacks)
+    return _expert_term(student, teacher, x[:8])
+
+  assert run(100.0) < 0.7 * run(0.0)
+
+
+def test_distiller_teacher_mismatch():
+  student, x, y = _model()
+  other = keras.Sequential([keras.Input((8,)), keras.layers.Dense(2)])
+  with pytest.raises(ValueError, match="recognised MoE layer"):
+    student.fit(x[:4], y[:4], verbose=0,
+                callbacks=[ExpertDistiller(other)])
+  with pytest.raises(ValueError, match="Argument `lambda_`"):
+    ExpertDistiller(student, lambda_=-1.0)

@@ -1,0 +1,232 @@
+"""Where a mixture-of-experts layer keeps its experts: the adapter registry.
+
+Pruning needs, for each MoE layer class, the same five facts: its expert
+kernels (as (experts, d_in, d_out) variables, and which input feeds each), how
+it routes a token (the gate coefficient of every expert, zero when the token
+is not routed there), the experts' hidden activations (the input of the
+second-stage kernels), the experts' outputs, and which call argument carries
+the block's input. `MoEAdapter` states that contract; `register_adapter`
+maps a layer class to an adapter and `find_moe_layers` walks a model.
+
+Adapters ship for tfopt's own `MoE` and for keras-hub's Mixtral and
+Qwen-MoE sparse blocks (`MixtralSparseMoeBlock`, `QwenSparseMoeBlock`,
+registered when keras-hub is importable). keras-hub evaluates every expert on
+every token and weights the outputs by the routing, so a statistic "over the
+tokens routed to an expert" must be masked by the gates: the adapters return
+the gates, never the raw expert inputs alone. Qwen's shared expert is a plain
+dense MLP outside the routed experts; it is not an expert kernel here.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import keras
+from keras import ops
+
+from tfopt._errors import invalid_argument
+from tfopt.pruning.moe_layer import MoE, route
+
+INPUT = "input"     # kernel fed by the block's tokens (T, d_model)
+HIDDEN = "hidden"   # kernel fed by the experts' hidden activations (E, T, m)
+
+
+@dataclasses.dataclass(frozen=True)
+class ExpertKernel:
+  """One stacked expert kernel: `variable` has shape (E, d_in, d_out).
+
+  `stage` is INPUT when every expert multiplies the block's tokens by it and
+  HIDDEN when expert e multiplies its own hidden activations by slice e.
+  An output neuron is a column `variable[e, :, j]`.
+  """
+  name: str
+  variable: Any
+  stage: str
+
+
+class MoEAdapter:
+  """The contract between pruning and one MoE layer class.
+
+  All methods take the layer and flattened tokens (T, d_model) as a backend
+  tensor or NumPy array, and return backend tensors computed with the
+  layer's current weights exactly as the layer computes them.
+  """
+
+  def kernels(self, layer) -> list[ExpertKernel]:
+    raise NotImplementedError
+
+  def num_experts(self, layer) -> int:
+    return int(layer.num_experts)
+
+  def top_k(self, layer) -> int:
+    return int(layer.top_k)
+
+  def gates(self, layer, tokens):
+    """Routing weights (T, E): the gate coefficient, zero if not routed."""
+    raise NotImplementedError
+
+  def expert_hidden(self, layer, tokens):
+    """Inputs of the HIDDEN-stage kernels, (E, T, m)."""
+    raise NotImplementedError
+
+  def expert_outputs(self, layer, tokens):
+    """Every expert's output on every token, (E, T, d_model)."""
+    raise NotImplementedError
+
+  def block_input(self, args: tuple, kwargs: dict):
+    """The block's input tensor among a `call`'s arguments."""
+    if args:
+      return args[0]
+    for name in ("inputs", "hidden_states", "x"):
+      if name in kwargs:
+        return kwargs[name]
+    raise invalid_argument("call arguments", "to contain the block input",
+                           sorted(kwargs))
+
+  def combine(self, layer, tokens):
+    """The routed-experts part of the block output, (T, d_model)."""
+    gates = self.gates(layer, tokens)
+    return ops.einsum("te,eth->th", gates, self.expert_outputs(layer, tokens))
+
+
+class TfoptMoEAdapter(MoEAdapter):
+  """tfopt's own `tfopt.pruning.MoE`."""
+
+  def kernels(self, layer):
+    return [ExpertKernel("gate", layer.gate_kernel, INPUT),
+            ExpertKernel("up", layer.up_kernel, INPUT),
+            ExpertKernel("down", layer.down_kernel, HIDDEN)]
+
+  def gates(self, layer, tokens):
+    return layer.routing(ops.convert_to_tensor(tokens))[0]
+
+  def expert_hidden(self, layer, tokens):
+    return layer.expert_hidden(ops.convert_to_tensor(tokens))
+
+  def expert_outputs(self, layer, tokens):
+    return layer.expert_outputs(ops.convert_to_tensor(tokens))
+
+
+class MixtralAdapter(MoEAdapter):
+  """keras-hub's `MixtralSparseMoeBlock` (SwiGLU experts in `expert_bank`)."""
+
+  def kernels(self, layer):
+    bank = layer.expert_bank
+    return [ExpertKernel("gate", bank._expert_feedforward_gate_dense, INPUT),  # pylint: disable=protected-access
+            ExpertKernel("up", bank._expert_feedforward_intermediate_dense,  # pylint: disable=protected-access
+                         INPUT),
+            ExpertKernel("down", bank._expert_feedforward_output_dense,  # pylint: disable=protected-access
+                         HIDDEN)]
+
+  def gates(self, layer, tokens):
+    tokens = ops.convert_to_tensor(tokens)
+    logits = layer._sparse_feedforward_gate_dense(tokens)  # pylint: disable=protected-access
+    gates = route(logits, layer.top_k, normalize=True)[0]
+    return ops.cast(gates, tokens.dtype)
+
+  def expert_hidden(self, layer, tokens):
+    # The same arithmetic as MixtralMoeExperts.call, dtype casts included.
+    bank = layer.expert_bank
+    tokens = ops.convert_to_tensor(tokens)
+    gate = ops.einsum("th,ehm->etm", tokens,
+                      bank._expert_feedforward_gate_dense)  # pylint: disable=protected-access
+    gate = ops.cast(bank.activation(ops.cast(gate, "float32")),
+                    bank.compute_dtype)
+    up = ops.einsum("th,ehm->etm", tokens,
+                    bank._expert_feedforward_intermediate_dense)  # pylint: disable=protected-access
+    return up * gate
+
+  def expert_outputs(self, layer, tokens):
+    return layer.expert_bank(ops.convert_to_tensor(tokens))
+
+
+class QwenMoeAdapter(MoEAdapter):
+  """keras-hub's `QwenSparseMoeBlock`: gate and up kernels are one
+  (E, d_model, 2m) variable; the shared expert is not pruned."""
+
+  def kernels(self, layer):
+    bank = layer.expert_bank
+    return [ExpertKernel("gate_up", bank._expert_feedforward_gate_dense,  # pylint: disable=protected-access
+                         INPUT),
+            ExpertKernel("down", bank._expert_feedforward_output_dense,  # pylint: disable=protected-access
+                         HIDDEN)]
+
+  def gates(self, layer, tokens):
+    tokens = ops.convert_to_tensor(tokens)
+    logits = layer._sparse_feedforward_gate_dense(tokens)  # pylint: disable=protected-access
+    gates = route(logits, layer.top_k, normalize=layer.norm_top_k_prob)[0]
+    return ops.cast(gates, tokens.dtype)
+
+  def expert_hidden(self, layer, tokens):
+    bank = layer.expert_bank
+    gate_up = ops.einsum("th,ehm->etm", ops.convert_to_tensor(tokens),
+                         bank._expert_feedforward_gate_dense)  # pylint: disable=protected-access
+    gate, up = ops.split(gate_up, 2, axis=-1)
+    return up * bank.activation(gate)
+
+  def expert_outputs(self, layer, tokens):
+    return layer.expert_bank(ops.convert_to_tensor(tokens))
+
+
+_REGISTRY: dict[type, MoEAdapter] = {}
+
+
+def register_adapter(layer_class: type, adapter: MoEAdapter) -> None:
+  """Makes layers of `layer_class` (and subclasses) prunable."""
+  if not (isinstance(layer_class, type)
+          and issubclass(layer_class, keras.layers.Layer)):
+    raise invalid_argument("layer_class", "a keras.layers.Layer subclass",
+                           layer_class)
+  if not isinstance(adapter, MoEAdapter):
+    raise invalid_argument("adapter", "a tfopt.pruning.MoEAdapter", adapter)
+  _REGISTRY[layer_class] = adapter
+
+
+def _register_keras_hub() -> None:
+  try:  # Optional: keras-hub is a test extra, not a requirement.
+    from keras_hub.src.models.mixtral import mixtral_decoder  # pylint: disable=import-outside-toplevel
+    from keras_hub.src.models.qwen_moe import qwen_moe_decoder  # pylint: disable=import-outside-toplevel
+  except ImportError:
+    return
+  register_adapter(mixtral_decoder.MixtralSparseMoeBlock, MixtralAdapter())
+  register_adapter(qwen_moe_decoder.QwenSparseMoeBlock, QwenMoeAdapter())
+
+
+register_adapter(MoE, TfoptMoEAdapter())
+_hub_checked = False
+
+
+def adapter_for(layer) -> MoEAdapter | None:
+  """The adapter of `layer`'s class (most derived registration), or None."""
+  global _hub_checked  # pylint: disable=global-statement
+  if not _hub_checked:
+    _hub_checked = True
+    _register_keras_hub()
+  for cls in type(layer).__mro__:
+    if cls in _REGISTRY:
+      return _REGISTRY[cls]
+  return None
+
+
+def find_moe_layers(model) -> list:
+  """The recognised MoE layers of `model`, outermost-first, each once.
+
+  Raises a clear error when there is none (naming the layer types seen).
+  """
+  if not isinstance(model, keras.layers.Layer):
+    raise invalid_argument("model", "a keras.Model or keras.layers.Layer",
+                           model)
+  found = [layer for layer in model._flatten_layers(include_self=True,  # pylint: disable=protected-access
+                                                    recursive=True)
+           if adapter_for(layer) is not None]
+  if not found:
+    kinds = sorted({type(layer).__name__ for layer in
+                    model._flatten_layers(include_self=True, recursive=True)})  # pylint: disable=protected-access
+    raise invalid_argument(
+        "model", "a model with a recognised MoE layer (tfopt.pruning.MoE, "
+        "keras-hub MixtralSparseMoeBlock or QwenSparseMoeBlock, or a class "
+        "registered with tfopt.pruning.register_adapter); its layers are "
+        f"{kinds}", getattr(model, "name", model))
+  return found
+

@@ -1,0 +1,248 @@
+"""One-shot MoE pruning: the calibration engine behind `prune_moe` and the
+`MoEPruner` callback.
+
+Layer by layer, in the order the model calls them: run the model on the
+calibration data with a hook on that one MoE layer (the earlier layers are
+already pruned, so the layer sees what it will see after pruning), take its
+inputs and routing, and prune its expert kernels. Within a layer the
+first-stage kernels (fed by the block input) are pruned first, then the
+experts' hidden activations are recomputed with them, and the second-stage
+kernels (fed by those) are pruned on the recomputed inputs, as SparseGPT
+and Wanda prune a block sequentially. Only expert kernels are written: the
+router, attention and everything else stay bit for bit as they were.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+import warnings
+
+import numpy as np
+from keras import ops
+
+from tfopt._errors import check_positive_int, invalid_argument
+from tfopt.pruning import methods as methods_lib
+from tfopt.pruning.adapters import HIDDEN, INPUT, adapter_for, find_moe_layers
+from tfopt.pruning.hooks import capture_inputs
+from tfopt.pruning.masks import install_masks
+from tfopt.pruning.patterns import (Pattern, check_divides, parse_pattern,
+                                    select_mask)
+
+
+@dataclasses.dataclass
+class KernelReport:
+  layer: str
+  kernel: str
+  path: str
+  shape: tuple
+  sparsity: float
+  tokens_min: int
+  tokens_max: int
+
+
+@dataclasses.dataclass
+class PruneReport:
+  """What `prune_moe` did: method, pattern, per-kernel rows, the keep-masks
+  keyed by variable path, the seconds it took and the warnings raised."""
+  method: str
+  pattern: Pattern
+  kernels: list[KernelReport]
+  masks: dict[str, np.ndarray]
+  seconds: float
+  warnings: list[str]
+
+  @property
+  def sparsity(self) -> float:
+    """Fraction of the pruned kernels' weights that are now zero-masked."""
+    total = sum(m.size for m in self.masks.values())
+    return 1.0 - sum(int(m.sum()) for m in self.masks.values()) / max(total, 1)
+
+  def table(self) -> str:
+    head = (f"{'layer':18s} {'kernel':8s} {'shape':>14s} {'sparsity':>8s} "
+            f"{'tokens/expert':>15s}")
+    lines = [f"{self.method} {self.pattern} in {self.seconds:.2f} s", head]
+    for k in self.kernels:
+      shape = "x".join(map(str, k.shape))
+      tokens = ("-" if self.method == "magnitude"  # uses no data
+                else f"{k.tokens_min}-{k.tokens_max}")
+      lines.append(f"{k.layer:18s} {k.kernel:8s} {shape:>14s} "
+                   f"{k.sparsity:8.2%} {tokens:>15s}")
+    return "\n".join(lines)
+
+
+def _batches(model, data, batch_size: int) -> list:
+  """Calibration batches shaped like the model's input: arrays, or dicts of
+  arrays for models with named inputs (keras-hub backbones)."""
+  if isinstance(data, dict):
+    arrays = {k: np.asarray(v) for k, v in data.items()}
+    lengths = {len(v) for v in arrays.values() if v.ndim}
+    if len(lengths) != 1 or 0 in lengths:
+      raise invalid_argument("data", "a dict of non-empty arrays with one "
+                             "common length", {k: v.shape
+                                               for k, v in arrays.items()})
+    n = lengths.pop()
+    return [{k: v[i:i + batch_size] for k, v in arrays.items()}
+            for i in range(0, n, batch_size)]
+  if isinstance(data, (list, tuple)) and data and not np.isscalar(data[0]):
+    batches = [b if isinstance(b, dict) else np.asarray(b) for b in data]
+  else:
+    array = np.asarray(data)
+    if array.ndim == 0 or len(array) == 0:
+      raise invalid_argument("data", "a non-empty array of model inputs "
+                             "(or a list of such batches)",
+                             getattr(array, "shape", data))
+    batches = [array[i:i + batch_size]
+               for i in range(0, len(array), batch_size)]
+  inputs = getattr(model, "inputs", None)
+  if inputs and len(inputs) == 1:
+    expected = tuple(inputs[0].shape)
+    for b in batches:
+      ok = (not isinstance(b, dict) and b.ndim == len(expected) and all(
+          e is None or e == s for e, s in zip(expected[1:], b.shape[1:])))
+      if not ok:
+        raise invalid_argument(
+            "data", f"batches of shape {expected} (the model's input)",
+            getattr(b, "shape", type(b).__name__))
+  return batches
+
+
+def _ordered(model, batch, layers) -> list:
+  """MoE layers in the order the model first calls them on `batch`."""
+  with capture_inputs(layers) as capture:
+    model(batch, training=False)
+  missing = [l.name for l in layers if not capture.of(l)]
+  if missing:
+    warnings.warn(f"MoE layers {missing} are not called by the model's "
+                  "forward pass; they are not pruned.", stacklevel=3)
+  return capture.order
+
+
+def prune_moe(model, data, method: str = "moe_pruner", sparsity=0.5,
+              pattern=None, *, batch_size: int = 16,
+              wanda_tokens: str = "routed", blocksize: int = 128,
+              percdamp: float = 0.01, min_tokens: int = 16,
+              previous_masks: dict | None = None, install: bool = False,
+              verbose: int = 1) -> PruneReport:
+  """Prunes every recognised MoE layer's expert kernels in place.
+
+  Args:
+    model: a Keras 3 model with MoE layers (see `tfopt.pruning.adapters`).
+    data: calibration inputs: an array (N, ...) shaped like the model's
+      input, or a list of such batches.
+    method: "moe_pruner", "wanda", "magnitude" or "sparsegpt".
+    sparsity: fraction in [0, 1) removed from each comparison group
+      (each output neuron; each expert matrix for magnitude).
+    pattern: None / "unstructured", or "N:M" (e.g. "2:4": N of every M
+      consecutive inputs kept in every output neuron).
+    wanda_tokens: "routed" (the tokens routed to the expert) or "all".
+    blocksize, percdamp: SparseGPT's column block and Hessian dampening.
+    min_tokens: warn when an expert gets fewer calibration tokens; an
+      expert with none is pruned by magnitude (with a warning).
+    previous_masks: {path: keep} already applied (gradual pruning): those
+      weights stay pruned. Not supported with sparsegpt.
+    install: also install the masks (zeros kept through training).
+    verbose: 1 shows a progress bar over the layers.
+
+  Returns a `PruneReport`; `report.masks` maps variable paths to keep-masks.
+  """
+  import keras  # pylint: disable=import-outside-toplevel
+  if method not in methods_lib.METHODS:
+    raise invalid_argument("method", f"one of {methods_lib.METHODS}", method)
+  pat = parse_pattern(sparsity if pattern in (None, "unstructured") else None,
+                      pattern)
+  check_positive_int("batch_size", batch_size)
+  check_positive_int("blocksize", blocksize)
+  if method == "sparsegpt" and pat.structured and blocksize % pat.m:
+    raise invalid_argument("blocksize", f"a multiple of M={pat.m}", blocksize)
+  if wanda_tokens not in ("routed", "all"):
+    raise invalid_argument("wanda_tokens", '"routed" or "all"', wanda_tokens)
+  if previous_masks and method == "sparsegpt":
+    raise invalid_argument("previous_masks", "None with method='sparsegpt' "
+                           "(its weight updates cannot keep an earlier mask)",
+                           "{...}")
+  layers = find_moe_layers(model)
+  batches = _batches(model, data, batch_size)
+  for layer in layers:
+    for k in adapter_for(layer).kernels(layer):
+      check_divides(pat, int(k.variable.shape[1]), f"{layer.name}/{k.name}")
+  start = time.perf_counter()
+  layers = _ordered(model, batches[0], layers)
+  caught: list[str] = []
+  kernels: list[KernelReport] = []
+  masks: dict[str, np.ndarray] = {}
+  bar = keras.utils.Progbar(len(layers), verbose=verbose,
+                            unit_name="layer") if verbose else None
+  for li, layer in enumerate(layers):
+    adapter = adapter_for(layer)
+    with capture_inputs([layer]) as capture:
+      for batch in batches:
+        model(batch, training=False)
+    inputs = capture.of(layer)
+    gates = [ops.convert_to_numpy(adapter.gates(layer, x)) for x in inputs]
+    for stage in (INPUT, HIDDEN):
+      stage_kernels = [k for k in adapter.kernels(layer) if k.stage == stage]
+      if not stage_kernels:
+        continue
+      feeds = (inputs if stage == INPUT else
+               [ops.convert_to_numpy(adapter.expert_hidden(layer, x))
+                for x in inputs])
+      d_in = int(stage_kernels[0].variable.shape[1])
+      stats = methods_lib.Stats.zeros(adapter.num_experts(layer), d_in,
+                                      hessian=method == "sparsegpt")
+      if method != "magnitude":
+        for x, g in zip(feeds, gates):
+          stats.add(x, g)
+      starved = [int(e) for e in np.flatnonzero(stats.tokens == 0)]
+      few = [int(e) for e in np.flatnonzero(
+          (stats.tokens > 0) & (stats.tokens < min_tokens))]
+      if method != "magnitude" and stage == INPUT:
+        if starved:
+          msg = (f"MoE layer '{layer.name}': experts {starved} received no "
+                 f"calibration token; they are pruned by magnitude.")
+          caught.append(msg)
+          warnings.warn(msg, stacklevel=2)
+        if few:
+          msg = (f"MoE layer '{layer.name}': experts {few} received fewer "
+                 f"than min_tokens={min_tokens} calibration tokens "
+                 f"({stats.tokens[few].tolist()}); their statistics are "
+                 "noisy.")
+          caught.append(msg)
+          warnings.warn(msg, stacklevel=2)
+      for k in stage_kernels:
+        var = k.variable
+        old = ops.convert_to_numpy(var)
+        prev = (previous_masks or {}).get(var.path)
+        new, keep = _prune(method, old, stats, pat, wanda_tokens, blocksize,
+                           percdamp, starved if method != "magnitude" else (),
+                           prev)
+        var.assign(new.astype(old.dtype))
+        masks[var.path] = keep
+        tokens = stats.tokens if method != "magnitude" else np.zeros(1, int)
+        kernels.append(KernelReport(layer.name, k.name, var.path, old.shape,
+                                    1.0 - keep.mean(), int(tokens.min()),
+                                    int(tokens.max())))
+    if bar is not None:
+      bar.update(li + 1)
+  report = PruneReport(method, pat, kernels, masks,
+                       time.perf_counter() - start, caught)
+  if install:
+    install_masks(model, masks)
+  return report
+
+
+def _prune(method, old, stats, pat, wanda_tokens, blocksize, percdamp,
+           starved, prev):
+  if prev is None:
+    return methods_lib.prune_kernel(
+        method, old, stats, pat, wanda_tokens=wanda_tokens,
+        blocksize=blocksize, percdamp=percdamp, fallback_experts=starved)
+  # Gradual pruning: weights pruned before score below everything else, so
+  # the new mask contains the old one (the counts are exact and larger).
+  s = (np.abs(old) if method == "magnitude" else
+       methods_lib.scores(method, old, stats, wanda_tokens))
+  for e in starved:
+    s[e] = np.abs(old[e])
+  s = np.where(np.asarray(prev, dtype=bool), s, -np.inf)
+  keep = select_mask(s, pat, methods_lib.comparison_group(method))
+  return np.where(keep, old, 0.0), keep

@@ -1,0 +1,193 @@
+"""Pruning criteria for stacked expert kernels (E, d_in, d_out), in NumPy.
+
+- `magnitude`: |W|, compared over the whole expert matrix (the baseline as
+  Wanda's reference code defines it).
+- `wanda`: |W_ij| * ||X_j||, the input norm over the tokens routed to the
+  expert (or over all tokens, `wanda_tokens="all"`), compared within each
+  output neuron.
+- `moe_pruner`: MoE-Pruner's Eq. 9, |W_ij| * ||X_j * Gate_j||, where the norm
+  runs over the tokens routed to the expert and each token's input is
+  weighted by its router gate for that expert; compared within each output
+  neuron. With every gate equal it ranks exactly like routed Wanda.
+- `sparsegpt`: SparseGPT's column-by-column OBS update with the per-expert
+  Hessian X^T X of the routed tokens, mask chosen adaptively per block,
+  1 % dampening; the remaining weights are updated to compensate.
+
+`Stats` holds what each needs per expert; `prune_kernel` turns a kernel,
+its stats and a pattern into (new kernel, keep-mask).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+
+from tfopt._errors import invalid_argument
+from tfopt.pruning.patterns import Pattern, select_mask
+
+METHODS = ("moe_pruner", "wanda", "magnitude", "sparsegpt")
+
+
+@dataclasses.dataclass
+class Stats:
+  """Calibration statistics of one stacked kernel's inputs, per expert.
+
+  gated_sq: (E, d_in) sum over routed tokens of (gate * x)^2.
+  routed_sq: (E, d_in) sum over routed tokens of x^2.
+  all_sq: (E, d_in) sum over all tokens of x^2 (same row for INPUT kernels).
+  hessian: (E, d_in, d_in) sum over routed tokens of x x^T, or None.
+  tokens: (E,) number of routed tokens.
+  """
+  gated_sq: np.ndarray
+  routed_sq: np.ndarray
+  all_sq: np.ndarray
+  tokens: np.ndarray
+  hessian: np.ndarray | None = None
+
+  @classmethod
+  def zeros(cls, experts: int, d_in: int, hessian: bool) -> "Stats":
+    z = lambda *s: np.zeros(s, dtype=np.float64)  # noqa: E731
+    return cls(z(experts, d_in), z(experts, d_in), z(experts, d_in),
+               np.zeros(experts, dtype=np.int64),
+               z(experts, d_in, d_in) if hessian else None)
+
+  def add(self, x: np.ndarray, gates: np.ndarray) -> None:
+    """Accumulates one batch. `x` is (T, d_in) shared by all experts or
+    (E, T, d_in) per expert; `gates` (T, E), zero where not routed."""
+    x = np.asarray(x, dtype=np.float64)
+    gates = np.asarray(gates, dtype=np.float64)
+    routed = gates > 0
+    sq = x * x
+    if x.ndim == 2:
+      self.gated_sq += (gates * gates).T @ sq
+      self.routed_sq += routed.T.astype(np.float64) @ sq
+      self.all_sq += sq.sum(axis=0)[None, :]
+    else:
+      self.gated_sq += np.einsum("te,etj->ej", gates * gates, sq)
+      self.routed_sq += np.einsum("te,etj->ej", routed.astype(np.float64), sq)
+      self.all_sq += sq.sum(axis=1)
+    self.tokens += routed.sum(axis=0)
+    if self.hessian is not None:
+      for e in range(gates.shape[1]):
+        rows = x[routed[:, e]] if x.ndim == 2 else x[e][routed[:, e]]
+        self.hessian[e] += rows.T @ rows
+
+
+def scores(method: str, kernel: np.ndarray, stats: Stats | None,
+           wanda_tokens: str = "routed") -> np.ndarray:
+  """Importance of each weight of `kernel` (E, d_in, d_out); higher = kept."""
+  w = np.abs(np.asarray(kernel, dtype=np.float64))
+  if method == "magnitude":
+    return w
+  if method == "wanda":
+    if wanda_tokens not in ("routed", "all"):
+      raise invalid_argument("wanda_tokens", '"routed" or "all"',
+                             wanda_tokens)
+    sq = stats.routed_sq if wanda_tokens == "routed" else stats.all_sq
+    return w * np.sqrt(sq)[:, :, None]
+  if method == "moe_pruner":
+    return w * np.sqrt(stats.gated_sq)[:, :, None]
+  raise invalid_argument("method", f"one of {METHODS}", method)
+
+
+def comparison_group(method: str) -> str:
+  return "matrix" if method == "magnitude" else "output"
+
+
+def _block_counts(d_in: int, blocksize: int, sparsity: float) -> list[int]:
+  """Pruned weights per row in each column block, summing to
+  int(sparsity * d_in) exactly (cumulative rounding)."""
+  total = int(sparsity * d_in)
+  starts = list(range(0, d_in, blocksize)) + [d_in]
+  marks = [round(total * s / d_in) for s in starts]
+  marks[-1] = total
+  return [b - a for a, b in zip(marks, marks[1:])]
+
+
+def sparsegpt(kernel: np.ndarray, hessian: np.ndarray, pattern: Pattern,
+              blocksize: int = 128, percdamp: float = 0.01
+              ) -> tuple[np.ndarray, np.ndarray]:
+  """SparseGPT on one kernel (d_in, d_out) with Hessian (d_in, d_in).
+
+  Works on W = kernel.T (rows = output neurons, columns = inputs) as the
+  paper does. Returns (pruned kernel (d_in, d_out), keep-mask). Each output
+  neuron loses exactly int(s * d_in) weights (unstructured; the per-block
+  counts add up to it) or keeps N of every M (N:M).
+  """
+  w = np.array(kernel, dtype=np.float64).T
+  h = np.array(hessian, dtype=np.float64)
+  rows, cols = w.shape
+  dead = np.diag(h) == 0
+  h[dead, dead] = 1.0
+  w[:, dead] = 0.0
+  damp = percdamp * float(np.mean(np.diag(h)))
+  h[np.diag_indices(cols)] += damp
+  try:
+    hinv = np.linalg.cholesky(np.linalg.inv(h)).T  # upper: inv(H) = U^T U
+  except np.linalg.LinAlgError:
+    # Not positive definite even after dampening (rank-poor calibration):
+    # a heavier dampening, as the reference implementation's users do.
+    h[np.diag_indices(cols)] += 10 * damp + 1e-8
+    hinv = np.linalg.cholesky(np.linalg.inv(h)).T
+  keep = np.ones_like(w, dtype=bool)
+  counts = (None if pattern.structured
+            else _block_counts(cols, blocksize, pattern.sparsity))
+  for b, i1 in enumerate(range(0, cols, blocksize)):
+    i2 = min(i1 + blocksize, cols)
+    w1 = w[:, i1:i2].copy()
+    q1 = np.zeros_like(w1)
+    err1 = np.zeros_like(w1)
+    hinv1 = hinv[i1:i2, i1:i2]
+    keep1 = np.ones_like(w1, dtype=bool)
+    if counts is not None and counts[b]:
+      tmp = w1 ** 2 / np.diag(hinv1)[None, :] ** 2
+      order = np.argsort(tmp, axis=1, kind="stable")
+      np.put_along_axis(keep1, order[:, : counts[b]], False, axis=1)
+    for i in range(i2 - i1):
+      if pattern.structured and i % pattern.m == 0:
+        tmp = (w1[:, i:i + pattern.m] ** 2
+               / np.diag(hinv1)[None, i:i + pattern.m] ** 2)
+        order = np.argsort(tmp, axis=1, kind="stable")
+        np.put_along_axis(keep1[:, i:i + pattern.m],
+                          order[:, : pattern.m - pattern.n], False, axis=1)
+      col = w1[:, i]
+      q = np.where(keep1[:, i], col, 0.0)
+      q1[:, i] = q
+      err = (col - q) / hinv1[i, i]
+      w1[:, i:] -= np.outer(err, hinv1[i, i:])
+      err1[:, i] = err
+    w[:, i1:i2] = q1
+    keep[:, i1:i2] = keep1
+    w[:, i2:] -= err1 @ hinv[i1:i2, i2:]
+  return w.T, keep.T
+
+
+def prune_kernel(method: str, kernel: np.ndarray, stats: Stats | None,
+                 pattern: Pattern, *, wanda_tokens: str = "routed",
+                 blocksize: int = 128, percdamp: float = 0.01,
+                 fallback_experts=()) -> tuple[np.ndarray, np.ndarray]:
+  """(pruned kernel, keep-mask) for a stacked kernel (E, d_in, d_out).
+
+  Experts listed in `fallback_experts` (no calibration tokens) are pruned
+  by magnitude within each output neuron instead; the caller warns.
+  """
+  kernel = np.asarray(kernel, dtype=np.float64)
+  fallback = set(int(e) for e in fallback_experts)
+  if method == "sparsegpt":
+    new = np.empty_like(kernel)
+    keep = np.empty(kernel.shape, dtype=bool)
+    for e in range(kernel.shape[0]):
+      if e in fallback:
+        keep[e] = select_mask(np.abs(kernel[e]), pattern, "output")
+        new[e] = np.where(keep[e], kernel[e], 0.0)
+      else:
+        new[e], keep[e] = sparsegpt(kernel[e], stats.hessian[e], pattern,
+                                    blocksize, percdamp)
+    return new, keep
+  s = scores(method, kernel, stats, wanda_tokens)
+  if fallback and method != "magnitude":
+    for e in fallback:
+      s[e] = np.abs(kernel[e])
+  keep = select_mask(s, pattern, comparison_group(method))
+  return np.where(keep, kernel, 0.0), keep
