@@ -109,6 +109,16 @@ def inception_v3(*, image_size: int = 299, classes: int = 1000,
                       optimizer)
 
 
+def _causal_attention(x, i: int, d_model: int, num_heads: int):
+  """Block i's pre-norm causal self-attention with its residual."""
+  import keras
+  L = keras.layers
+  h = L.LayerNormalization(name=f"block_{i}_ln1")(x)
+  h = L.MultiHeadAttention(num_heads, d_model // num_heads,
+                           name=f"block_{i}_attn")(h, h, use_causal_mask=True)
+  return x + h
+
+
 def transformer_lm(*, vocab_size: int = 8000, seq_len: int = 128,
                    num_layers: int = 4, d_model: int = 256, num_heads: int = 4,
                    d_ff: int = 1024, optimizer: Any = "adam") -> ZooModel:
@@ -121,10 +131,7 @@ def transformer_lm(*, vocab_size: int = 8000, seq_len: int = 128,
       keras.ops.arange(seq_len)[None, :])
   x = x + positions
   for i in range(num_layers):
-    h = L.LayerNormalization(name=f"block_{i}_ln1")(x)
-    h = L.MultiHeadAttention(num_heads, d_model // num_heads,
-                             name=f"block_{i}_attn")(h, h, use_causal_mask=True)
-    x = x + h
+    x = _causal_attention(x, i, d_model, num_heads)
     h = L.LayerNormalization(name=f"block_{i}_ln2")(x)
     h = L.Dense(d_ff, activation="gelu", name=f"block_{i}_ff1")(h)
     h = L.Dense(d_model, name=f"block_{i}_ff2")(h)
@@ -156,10 +163,7 @@ def moe_lm(*, vocab_size: int = 256, seq_len: int = 128, num_layers: int = 2,
   position_ids = keras.ops.cumsum(keras.ops.ones_like(tokens), axis=1) - 1
   x = x + L.Embedding(seq_len, d_model, name="pos_embed")(position_ids)
   for i in range(num_layers):
-    h = L.LayerNormalization(name=f"block_{i}_ln1")(x)
-    h = L.MultiHeadAttention(num_heads, d_model // num_heads,
-                             name=f"block_{i}_attn")(h, h, use_causal_mask=True)
-    x = x + h
+    x = _causal_attention(x, i, d_model, num_heads)
     h = L.LayerNormalization(name=f"block_{i}_ln2")(x)
     x = x + MoE(num_experts, expert_dim, top_k=top_k,
                 load_balance_coef=load_balance_coef, name=f"block_{i}_moe")(h)

@@ -108,6 +108,15 @@ class TfoptMoEAdapter(MoEAdapter):
     return layer.expert_outputs(ops.convert_to_tensor(tokens))
 
 
+def _hub_gates(layer, tokens, normalize: bool):
+  """keras-hub's sparse blocks: router Dense, softmax, top-k (renormalized
+  when `normalize`), as their `call` does."""
+  tokens = ops.convert_to_tensor(tokens)
+  logits = layer._sparse_feedforward_gate_dense(tokens)  # pylint: disable=protected-access
+  return ops.cast(route(logits, layer.top_k, normalize=normalize)[0],
+                  tokens.dtype)
+
+
 class MixtralAdapter(MoEAdapter):
   """keras-hub's `MixtralSparseMoeBlock` (SwiGLU experts in `expert_bank`)."""
 
@@ -120,10 +129,7 @@ class MixtralAdapter(MoEAdapter):
                          HIDDEN)]
 
   def gates(self, layer, tokens):
-    tokens = ops.convert_to_tensor(tokens)
-    logits = layer._sparse_feedforward_gate_dense(tokens)  # pylint: disable=protected-access
-    gates = route(logits, layer.top_k, normalize=True)[0]
-    return ops.cast(gates, tokens.dtype)
+    return _hub_gates(layer, tokens, normalize=True)
 
   def expert_hidden(self, layer, tokens):
     # The same arithmetic as MixtralMoeExperts.call, dtype casts included.
@@ -153,10 +159,7 @@ class QwenMoeAdapter(MoEAdapter):
                          HIDDEN)]
 
   def gates(self, layer, tokens):
-    tokens = ops.convert_to_tensor(tokens)
-    logits = layer._sparse_feedforward_gate_dense(tokens)  # pylint: disable=protected-access
-    gates = route(logits, layer.top_k, normalize=layer.norm_top_k_prob)[0]
-    return ops.cast(gates, tokens.dtype)
+    return _hub_gates(layer, tokens, normalize=layer.norm_top_k_prob)
 
   def expert_hidden(self, layer, tokens):
     bank = layer.expert_bank
