@@ -175,28 +175,29 @@ def prune_moe(model, data, method: str = "moe_pruner", sparsity=0.5,
                             unit_name="layer") if verbose else None
   for li, layer in enumerate(layers):
     adapter = adapter_for(layer)
-    with capture_inputs([layer]) as capture:
-      for batch in batches:
-        model(batch, training=False)
-    inputs = capture.of(layer)
+    uses_data = method != "magnitude"
+    inputs: list = []
+    if uses_data:  # magnitude needs no forward pass
+      with capture_inputs([layer]) as capture:
+        for batch in batches:
+          model(batch, training=False)
+      inputs = capture.of(layer)
     gates = [ops.convert_to_numpy(adapter.gates(layer, x)) for x in inputs]
     for stage in (INPUT, HIDDEN):
       stage_kernels = [k for k in adapter.kernels(layer) if k.stage == stage]
       if not stage_kernels:
         continue
-      feeds = (inputs if stage == INPUT else
-               [ops.convert_to_numpy(adapter.expert_hidden(layer, x))
-                for x in inputs])
       d_in = int(stage_kernels[0].variable.shape[1])
       stats = methods_lib.Stats.zeros(adapter.num_experts(layer), d_in,
                                       hessian=method == "sparsegpt")
-      if method != "magnitude":
-        for x, g in zip(feeds, gates):
-          stats.add(x, g)
+      for x, g in zip(inputs, gates):
+        # HIDDEN inputs are recomputed with the just-pruned INPUT kernels.
+        stats.add(x if stage == INPUT else
+                  ops.convert_to_numpy(adapter.expert_hidden(layer, x)), g)
       starved = [int(e) for e in np.flatnonzero(stats.tokens == 0)]
       few = [int(e) for e in np.flatnonzero(
           (stats.tokens > 0) & (stats.tokens < min_tokens))]
-      if method != "magnitude" and stage == INPUT:
+      if uses_data and stage == INPUT:
         if starved:
           msg = (f"MoE layer '{layer.name}': experts {starved} received no "
                  f"calibration token; they are pruned by magnitude.")
@@ -214,11 +215,10 @@ def prune_moe(model, data, method: str = "moe_pruner", sparsity=0.5,
         old = ops.convert_to_numpy(var)
         prev = (previous_masks or {}).get(var.path)
         new, keep = _prune(method, old, stats, pat, wanda_tokens, blocksize,
-                           percdamp, starved if method != "magnitude" else (),
-                           prev)
+                           percdamp, starved if uses_data else (), prev)
         var.assign(new.astype(old.dtype))
         masks[var.path] = keep
-        tokens = stats.tokens if method != "magnitude" else np.zeros(1, int)
+        tokens = stats.tokens if uses_data else np.zeros(1, int)
         kernels.append(KernelReport(layer.name, k.name, var.path, old.shape,
                                     1.0 - keep.mean(), int(tokens.min()),
                                     int(tokens.max())))
