@@ -183,3 +183,38 @@ def test_report_table(tiny):
   text = report.table()
   assert "wanda 50%" in text and "block_1_moe" in text and "down" in text
   assert report.sparsity == pytest.approx(0.5)
+
+
+def test_also_prune_dense_on_request(tiny):
+  model, x, weights = tiny
+  _reset(model, weights)
+  head = model.get_layer("lm_head")
+  report = prune_moe(model, x, method="moe_pruner", sparsity=0.5,
+                     also_prune=r"^lm_head$", verbose=0)
+  keep = report.masks[head.kernel.path]
+  assert keep.shape == (16, 40)
+  assert (keep.sum(axis=0) == 8).all()
+  assert np.all(head.kernel.numpy()[~keep] == 0)
+  # One expert with gate 1 for every token: MoE-Pruner is Wanda over all
+  # tokens, |W_ij| * ||x_j||, computed here from the captured head input.
+  _reset(model, weights)
+  for layer in find_moe_layers(model):  # the head sees pruned experts
+    for k in adapter_for(layer).kernels(layer):
+      k.variable.assign(np.where(report.masks[k.variable.path],
+                                 weights[k.variable.path], 0))
+  with capture_inputs([head]) as capture:
+    model(x, training=False)
+  feats = np.concatenate(capture.of(head)).astype(np.float64)
+  score = np.abs(weights[head.kernel.path]) * np.sqrt(
+      (feats ** 2).sum(0))[:, None]
+  for o in range(40):
+    assert score[keep[:, o], o].min() >= score[~keep[:, o], o].max()
+  # Everything else outside the experts and the head is untouched.
+  for v in model.weights:
+    if v.path not in report.masks:
+      np.testing.assert_array_equal(v.numpy(), weights[v.path])
+  with pytest.raises(ValueError, match="matching at least one Dense"):
+    prune_moe(model, x, also_prune="nothing_here", verbose=0)
+  with pytest.raises(ValueError, match="only keras.layers.Dense.*"
+                     "'block_0_ln1', a LayerNormalization"):
+    prune_moe(model, x, also_prune="block_0_ln1", verbose=0)

@@ -172,6 +172,26 @@ class QwenMoeAdapter(MoEAdapter):
     return layer.expert_bank(ops.convert_to_tensor(tokens))
 
 
+class DenseAdapter(MoEAdapter):
+  """A `keras.layers.Dense` pruned on request (`prune_moe(also_prune=...)`):
+  one "expert" that every token reaches with gate 1, so MoE-Pruner ranks its
+  weights exactly as Wanda over all tokens. Not in the registry: a Dense
+  layer is never taken for an MoE layer."""
+
+  def kernels(self, layer):
+    return [ExpertKernel("kernel", layer.kernel, INPUT)]
+
+  def num_experts(self, layer) -> int:
+    return 1
+
+  def top_k(self, layer) -> int:
+    return 1
+
+  def gates(self, layer, tokens):
+    tokens = ops.convert_to_tensor(tokens)
+    return ops.ones((ops.shape(tokens)[0], 1), dtype=tokens.dtype)
+
+
 _REGISTRY: dict[type, MoEAdapter] = {}
 
 

@@ -15,6 +15,7 @@ router, attention and everything else stay bit for bit as they were.
 from __future__ import annotations
 
 import dataclasses
+import re
 import time
 import warnings
 
@@ -23,7 +24,8 @@ from keras import ops
 
 from tfopt._errors import check_positive_int, invalid_argument
 from tfopt.pruning import methods as methods_lib
-from tfopt.pruning.adapters import HIDDEN, INPUT, adapter_for, find_moe_layers
+from tfopt.pruning.adapters import (HIDDEN, INPUT, DenseAdapter, adapter_for,
+                                    find_moe_layers)
 from tfopt.pruning.hooks import capture_inputs
 from tfopt.pruning.masks import install_masks
 from tfopt.pruning.patterns import (Pattern, check_divides, parse_pattern,
@@ -123,7 +125,7 @@ def prune_moe(model, data, method: str = "moe_pruner", sparsity=0.5,
               wanda_tokens: str = "routed", blocksize: int = 128,
               percdamp: float = 0.01, min_tokens: int = 16,
               previous_masks: dict | None = None, install: bool = False,
-              verbose: int = 1) -> PruneReport:
+              also_prune=None, verbose: int = 1) -> PruneReport:
   """Prunes every recognised MoE layer's expert kernels in place.
 
   Args:
@@ -141,6 +143,10 @@ def prune_moe(model, data, method: str = "moe_pruner", sparsity=0.5,
       expert with none is pruned by magnitude (with a warning).
     previous_masks: {path: keep} already applied (gradual pruning): those
       weights stay pruned. Not supported with sparsegpt.
+    also_prune: only expert kernels are pruned unless asked: a regex (or a
+      list) matched against layer names selects `keras.layers.Dense` layers
+      pruned too, each as one expert that every token reaches with gate 1
+      (so MoE-Pruner there equals Wanda over all tokens).
     install: also install the masks (zeros kept through training).
     verbose: 1 shows a progress bar over the layers.
 
@@ -162,10 +168,15 @@ def prune_moe(model, data, method: str = "moe_pruner", sparsity=0.5,
                            "(its weight updates cannot keep an earlier mask)",
                            "{...}")
   layers = find_moe_layers(model)
+  adapters = {id(layer): adapter_for(layer) for layer in layers}
+  for layer in _dense_layers(model, also_prune):
+    layers.append(layer)
+    adapters[id(layer)] = DenseAdapter()
   batches = _batches(model, data, batch_size)
   for layer in layers:
-    for k in adapter_for(layer).kernels(layer):
-      check_divides(pat, int(k.variable.shape[1]), f"{layer.name}/{k.name}")
+    for k in adapters[id(layer)].kernels(layer):
+      check_divides(pat, int(k.variable.shape[-2]),
+                    f"{layer.name}/{k.name}")
   start = time.perf_counter()
   layers = _ordered(model, batches[0], layers)
   caught: list[str] = []
@@ -174,7 +185,7 @@ def prune_moe(model, data, method: str = "moe_pruner", sparsity=0.5,
   bar = keras.utils.Progbar(len(layers), verbose=verbose,
                             unit_name="layer") if verbose else None
   for li, layer in enumerate(layers):
-    adapter = adapter_for(layer)
+    adapter = adapters[id(layer)]
     uses_data = method != "magnitude"
     inputs: list = []
     if uses_data:  # magnitude needs no forward pass
@@ -187,7 +198,7 @@ def prune_moe(model, data, method: str = "moe_pruner", sparsity=0.5,
       stage_kernels = [k for k in adapter.kernels(layer) if k.stage == stage]
       if not stage_kernels:
         continue
-      d_in = int(stage_kernels[0].variable.shape[1])
+      d_in = int(stage_kernels[0].variable.shape[-2])
       stats = methods_lib.Stats.zeros(adapter.num_experts(layer), d_in,
                                       hessian=method == "sparsegpt")
       for x, g in zip(inputs, gates):
@@ -214,8 +225,14 @@ def prune_moe(model, data, method: str = "moe_pruner", sparsity=0.5,
         var = k.variable
         old = ops.convert_to_numpy(var)
         prev = (previous_masks or {}).get(var.path)
+        flat = old.ndim == 2  # a Dense kernel: one expert
+        if flat:
+          old = old[None]
+          prev = None if prev is None else np.asarray(prev)[None]
         new, keep = _prune(method, old, stats, pat, wanda_tokens, blocksize,
                            percdamp, starved if uses_data else (), prev)
+        if flat:
+          old, new, keep = old[0], new[0], keep[0]
         var.assign(new.astype(old.dtype))
         masks[var.path] = keep
         tokens = stats.tokens if uses_data else np.zeros(1, int)
@@ -229,6 +246,35 @@ def prune_moe(model, data, method: str = "moe_pruner", sparsity=0.5,
   if install:
     install_masks(model, masks)
   return report
+
+
+def _dense_layers(model, also_prune) -> list:
+  """The Dense layers whose names match `also_prune` (regex or list)."""
+  if also_prune is None:
+    return []
+  import keras  # pylint: disable=import-outside-toplevel
+  patterns = [also_prune] if isinstance(also_prune, str) else also_prune
+  try:
+    compiled = [re.compile(p) for p in patterns]
+  except (TypeError, re.error) as err:
+    raise invalid_argument("also_prune", "a regex or a list of regexes over "
+                           f"layer names ({err})", also_prune) from None
+  chosen = []
+  for layer in model._flatten_layers(include_self=False, recursive=True):  # pylint: disable=protected-access
+    if not any(c.search(layer.name) for c in compiled):
+      continue
+    if adapter_for(layer) is not None:
+      continue  # an MoE layer: pruned anyway
+    if not isinstance(layer, keras.layers.Dense):
+      raise invalid_argument(
+          "also_prune", "regexes matching only keras.layers.Dense layers "
+          f"(or MoE layers); it matches {layer.name!r}, a "
+          f"{type(layer).__name__}", also_prune)
+    chosen.append(layer)
+  if not chosen:
+    raise invalid_argument("also_prune", "regexes matching at least one "
+                           "Dense layer of the model", also_prune)
+  return chosen
 
 
 def _prune(method, old, stats, pat, wanda_tokens, blocksize, percdamp,

@@ -16,7 +16,7 @@ from typing import Iterator
 
 from keras import ops
 
-from tfopt.pruning.adapters import adapter_for
+from tfopt.pruning.adapters import MoEAdapter, adapter_for
 
 
 @dataclasses.dataclass
@@ -42,7 +42,7 @@ def capture_inputs(layers) -> Iterator[Capture]:
   installed = []
   try:
     for layer in layers:
-      adapter = adapter_for(layer)
+      adapter = adapter_for(layer) or MoEAdapter()  # e.g. a Dense layer
       original = layer.call
 
       def hooked(*args, _layer=layer, _adapter=adapter, _original=original,
