@@ -64,3 +64,19 @@ def test_unknown_model_name_is_refused():
     zoo.inception_v3(image_size=10)
   with pytest.raises(ValueError, match="batch_size=0"):
     zoo.mlp().batch(0)
+
+
+@pytest.mark.parametrize("name,kwargs", [
+    ("transformer_lm", SMALL["transformer_lm"]),
+    ("moe_lm", dict(vocab_size=50, seq_len=8, d_model=16, num_heads=2,
+                    num_experts=4, expert_dim=8))])
+def test_position_embeddings_train_and_save(name, kwargs):
+  # A position embedding applied to a constant is folded into the graph at
+  # construction: not a weight, never trained. It must be one.
+  model = zoo.build(name, **kwargs).model
+  pos = model.get_layer("pos_embed")
+  assert pos.embeddings.path in {v.path for v in model.trainable_variables}
+  before = pos.embeddings.numpy().copy()
+  x, y = zoo.build(name, **kwargs).batch(4)
+  model.fit(x, y, epochs=1, verbose=0)
+  assert not (pos.embeddings.numpy() == before).all()

@@ -109,6 +109,18 @@ def inception_v3(*, image_size: int = 299, classes: int = 1000,
                       optimizer)
 
 
+def _embed(tokens, vocab_size: int, seq_len: int, d_model: int):
+  """Token plus learned position embeddings of int tokens (batch, seq)."""
+  import keras
+  L = keras.layers
+  x = L.Embedding(vocab_size, d_model, name="embed")(tokens)
+  # Position ids derived from the input tensor so the position embedding is
+  # a node of the functional graph (trained and saved); embedding a constant
+  # `arange` is evaluated once at construction and frozen into the graph.
+  position_ids = keras.ops.cumsum(keras.ops.ones_like(tokens), axis=1) - 1
+  return x + L.Embedding(seq_len, d_model, name="pos_embed")(position_ids)
+
+
 def _causal_attention(x, i: int, d_model: int, num_heads: int):
   """Block i's pre-norm causal self-attention with its residual."""
   import keras
@@ -126,10 +138,7 @@ def transformer_lm(*, vocab_size: int = 8000, seq_len: int = 128,
   import keras
   L = keras.layers
   tokens = keras.Input((seq_len,), dtype="int32", name="tokens")
-  x = L.Embedding(vocab_size, d_model, name="embed")(tokens)
-  positions = L.Embedding(seq_len, d_model, name="pos_embed")(
-      keras.ops.arange(seq_len)[None, :])
-  x = x + positions
+  x = _embed(tokens, vocab_size, seq_len, d_model)
   for i in range(num_layers):
     x = _causal_attention(x, i, d_model, num_heads)
     h = L.LayerNormalization(name=f"block_{i}_ln2")(x)
@@ -156,12 +165,7 @@ def moe_lm(*, vocab_size: int = 256, seq_len: int = 128, num_layers: int = 2,
   from tfopt.pruning.moe_layer import MoE
   L = keras.layers
   tokens = keras.Input((seq_len,), dtype="int32", name="tokens")
-  x = L.Embedding(vocab_size, d_model, name="embed")(tokens)
-  # Position ids derived from the input tensor so the position embedding is
-  # a node of the functional graph (trained and saved); embedding a constant
-  # `arange` would be evaluated once at construction and frozen.
-  position_ids = keras.ops.cumsum(keras.ops.ones_like(tokens), axis=1) - 1
-  x = x + L.Embedding(seq_len, d_model, name="pos_embed")(position_ids)
+  x = _embed(tokens, vocab_size, seq_len, d_model)
   for i in range(num_layers):
     x = _causal_attention(x, i, d_model, num_heads)
     h = L.LayerNormalization(name=f"block_{i}_ln2")(x)
