@@ -160,6 +160,9 @@ def test_bad_input(tiny):
   with pytest.raises(ValueError, match="Argument `sparsity` must be in "
                      "\\[0, 1\\). Received: sparsity=1.0"):
     prune_moe(model, x, sparsity=1.0, verbose=0)
+  with pytest.raises(ValueError, match="Argument `sparsity` must be None or "
+                     "0.5 with pattern='2:4'. Received: sparsity=0.6"):
+    prune_moe(model, x, sparsity=0.6, pattern="2:4", verbose=0)
   with pytest.raises(ValueError, match="dividing the input dimension 16"):
     prune_moe(model, x, pattern="3:6", verbose=0)
   with pytest.raises(ValueError, match="Argument `data` must be batches of "
@@ -183,6 +186,9 @@ def test_report_table(tiny):
   text = report.table()
   assert "wanda 50%" in text and "block_1_moe" in text and "down" in text
   assert report.sparsity == pytest.approx(0.5)
+  _reset(model, weights)  # sparsity defaults to 0.5
+  assert prune_moe(model, x, method="magnitude",
+                   verbose=0).sparsity == pytest.approx(0.5)
 
 
 def test_also_prune_dense_on_request(tiny):

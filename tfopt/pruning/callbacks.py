@@ -18,7 +18,7 @@ from tfopt._errors import check_non_negative, invalid_argument
 from tfopt.pruning.adapters import adapter_for, find_moe_layers
 from tfopt.pruning.engine import prune_moe
 from tfopt.pruning.masks import install_masks, installed_masks
-from tfopt.pruning.patterns import parse_pattern
+from tfopt.pruning.patterns import resolve_pattern
 
 
 class MoEPruner(keras.callbacks.Callback):
@@ -38,13 +38,12 @@ class MoEPruner(keras.callbacks.Callback):
   After each pruning `self.reports` gains the `PruneReport`.
   """
 
-  def __init__(self, data, method: str = "moe_pruner", sparsity=0.5,
+  def __init__(self, data, method: str = "moe_pruner", sparsity=None,
                pattern=None, at_step: int = 0, gradual=None, **prune_kwargs):
     super().__init__()
     self.data = data
     self.method = method
-    self.pattern = parse_pattern(
-        sparsity if pattern in (None, "unstructured") else None, pattern)
+    self.pattern = resolve_pattern(sparsity, pattern)
     if isinstance(at_step, bool) or not isinstance(at_step, int) or at_step < 0:
       raise invalid_argument("at_step", "an integer >= 0", at_step)
     self.schedule = self._schedule(at_step, gradual)

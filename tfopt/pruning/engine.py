@@ -28,7 +28,7 @@ from tfopt.pruning.adapters import (HIDDEN, INPUT, DenseAdapter, adapter_for,
                                     find_moe_layers)
 from tfopt.pruning.hooks import capture_inputs
 from tfopt.pruning.masks import install_masks
-from tfopt.pruning.patterns import (Pattern, check_divides, parse_pattern,
+from tfopt.pruning.patterns import (Pattern, check_divides, resolve_pattern,
                                     select_mask)
 
 
@@ -120,7 +120,7 @@ def _ordered(model, batch, layers) -> list:
   return capture.order
 
 
-def prune_moe(model, data, method: str = "moe_pruner", sparsity=0.5,
+def prune_moe(model, data, method: str = "moe_pruner", sparsity=None,
               pattern=None, *, batch_size: int = 16,
               wanda_tokens: str = "routed", blocksize: int = 128,
               percdamp: float = 0.01, min_tokens: int = 16,
@@ -134,7 +134,8 @@ def prune_moe(model, data, method: str = "moe_pruner", sparsity=0.5,
       input, or a list of such batches.
     method: "moe_pruner", "wanda", "magnitude" or "sparsegpt".
     sparsity: fraction in [0, 1) removed from each comparison group
-      (each output neuron; each expert matrix for magnitude).
+      (each output neuron; each expert matrix for magnitude); default 0.5.
+      With an N:M pattern it may only repeat the pattern's (1 - N/M).
     pattern: None / "unstructured", or "N:M" (e.g. "2:4": N of every M
       consecutive inputs kept in every output neuron).
     wanda_tokens: "routed" (the tokens routed to the expert) or "all".
@@ -155,8 +156,7 @@ def prune_moe(model, data, method: str = "moe_pruner", sparsity=0.5,
   import keras  # pylint: disable=import-outside-toplevel
   if method not in methods_lib.METHODS:
     raise invalid_argument("method", f"one of {methods_lib.METHODS}", method)
-  pat = parse_pattern(sparsity if pattern in (None, "unstructured") else None,
-                      pattern)
+  pat = resolve_pattern(sparsity, pattern)
   check_positive_int("batch_size", batch_size)
   check_positive_int("blocksize", blocksize)
   if method == "sparsegpt" and pat.structured and blocksize % pat.m:

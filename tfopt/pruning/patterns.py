@@ -68,6 +68,15 @@ def parse_pattern(sparsity=None, pattern=None) -> Pattern:
   return Pattern(n=n, m=m)
 
 
+def resolve_pattern(sparsity=None, pattern=None,
+                    default: float = 0.5) -> Pattern:
+  """`parse_pattern` where an unstructured sparsity left as None means
+  `default`; with an N:M pattern a sparsity other than 1 - N/M is refused."""
+  if pattern in (None, "unstructured") and sparsity is None:
+    sparsity = default
+  return parse_pattern(sparsity, pattern)
+
+
 def check_divides(pattern: Pattern, d_in: int, where: str) -> None:
   """Raises when an N:M pattern's M does not divide the input dimension."""
   if pattern.structured and d_in % pattern.m:
