@@ -10,12 +10,13 @@ train step, without retracing.
   op of each layer (a `tf.switch_case` in graph mode), so untaken ops get a
   zero gradient and their BatchNorm moving statistics do not move. Keras'
   decoupled weight decay (AdamW & co.) still shrinks them, as it decays
-  every trainable variable: keeping decay off untaken paths is the path
-  sampler's job (not built yet).
+  every trainable variable: `tfopt.nas.PathSampler` puts untaken ops back
+  after each step.
 - `execution="mask"`: every op runs and the outputs are combined with the
   active path's one-hot weights; shapes are static, so it compiles under
   XLA (`jit_compile=True`). Untaken ops get zero gradients, but their
-  BatchNorm layers do update their moving statistics in training.
+  BatchNorm layers do update their moving statistics in training (undone
+  by `PathSampler` too).
 
 `subnet(arch)` builds the chosen sub-graph as a standalone functional model
 with the inherited weights (copied), for ranking, export and retraining.

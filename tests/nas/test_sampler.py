@@ -1,0 +1,72 @@
+"""PathSampler: uniform over the allowed ops, removed ops never sampled,
+untaken ops exactly untouched even under AdamW, in both execution modes."""
+
+import keras
+import numpy as np
+import pytest
+
+import tfopt  # noqa: F401  (OR-Tools before TensorFlow)
+from tfopt.nas.sampler import PathSampler
+from tfopt.nas.space import tiny64
+from tfopt.nas.supernet import SuperNet
+
+
+def _data(n=64, seed=0):
+  rng = np.random.default_rng(seed)
+  return (rng.normal(size=(n, 8, 8, 1)).astype("float32"),
+          rng.integers(0, 10, size=n).astype("int32"))
+
+
+@pytest.mark.parametrize("execution", ["switch", "mask"])
+def test_removed_ops_never_sampled_nor_updated(execution):
+  keras.utils.set_random_seed(0)
+  net = SuperNet(tiny64(filters=4), execution=execution)
+  net.compile(keras.optimizers.AdamW(1e-2, weight_decay=0.5),
+              keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+              jit_compile=execution == "mask")
+  frozen = net.choices[0][1]  # layer0's conv5: removed by the analyst
+  before = [v.numpy().copy() for v in frozen.weights]
+  taken = net.choices[0][0]   # layer0's conv3: sampled often
+  taken_before = [v.numpy().copy() for v in taken.weights]
+  sampler = PathSampler(allowed={"layer0": ["conv3", "maxpool", "skip"]},
+                        seed=1)
+  x, y = _data()
+  net.fit(x, y, batch_size=2, epochs=1, verbose=0, callbacks=[sampler])
+  assert sum(sampler.counts.values()) == 32
+  assert all(arch[0] != "conv5" for arch in sampler.counts)
+  # Weight decay 0.5 and BatchNorm statistics would have moved it.
+  for v, b in zip(frozen.weights, before):
+    np.testing.assert_array_equal(v.numpy(), b)
+  assert any(not np.array_equal(v.numpy(), b)
+             for v, b in zip(taken.weights, taken_before))
+
+
+def test_sampling_uniform_over_allowed_ops():
+  keras.utils.set_random_seed(0)
+  net = SuperNet(tiny64(filters=2))
+  net.compile("sgd", keras.losses.SparseCategoricalCrossentropy(
+      from_logits=True))
+  sampler = PathSampler(seed=3, freeze_untaken=False)
+  x, y = _data(n=800)
+  net.fit(x, y, batch_size=1, epochs=1, verbose=0, callbacks=[sampler])
+  per_layer = [np.zeros(4) for _ in range(3)]
+  for arch, count in sampler.counts.items():
+    for i, op in enumerate(arch):
+      per_layer[i][net.space.layers[i].op_names.index(op)] += count
+  for counts in per_layer:  # 800 draws, 200 expected per op
+    assert ((counts > 150) & (counts < 250)).all(), counts
+
+
+def test_sampler_errors():
+  keras.utils.set_random_seed(0)
+  net = SuperNet(tiny64(filters=2))
+  net.compile("sgd", "mse")
+  x, _ = _data(4)
+  with pytest.raises(ValueError, match="at least one op"):
+    net.fit(x, np.zeros((4, 10)), verbose=0,
+            callbacks=[PathSampler(allowed={"layer1": []})])
+  plain = keras.Sequential([keras.Input((2,)), keras.layers.Dense(1)])
+  plain.compile("sgd", "mse")
+  with pytest.raises(ValueError, match="a tfopt.nas.SuperNet"):
+    plain.fit(np.zeros((2, 2)), np.zeros((2, 1)), verbose=0,
+              callbacks=[PathSampler()])
