@@ -1,0 +1,91 @@
+"""Ranking with inherited weights: BatchNorm recalibration against a NumPy
+oracle, exhaustive and sampled candidates, component fitness, no side
+effects on the super-network."""
+
+import keras
+import numpy as np
+import pytest
+
+import tfopt  # noqa: F401  (OR-Tools before TensorFlow)
+from tfopt.nas.ranking import rank, recalibrate_batchnorm
+from tfopt.nas.space import tiny64
+from tfopt.nas.supernet import SuperNet
+
+
+def _data(n, seed):
+  rng = np.random.default_rng(seed)
+  return (rng.normal(size=(n, 8, 8, 1)).astype("float32") + 0.5,
+          rng.integers(0, 10, size=n).astype("int32"))
+
+
+@pytest.fixture(scope="module")
+def trained():
+  keras.utils.set_random_seed(0)
+  net = SuperNet(tiny64(filters=4))
+  net.compile(keras.optimizers.Adam(1e-2),
+              keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+  x, y = _data(64, 0)
+  net.fit(x, y, epochs=2, batch_size=16, verbose=0)
+  return net
+
+
+def test_recalibration_is_the_average_of_batch_statistics(trained):
+  net = trained
+  x_cal, _ = _data(96, 1)
+  recalibrate_batchnorm(net, x_cal, batch_size=32)
+  conv, bn = net.stem.layers[0], net.stem.layers[1]
+  feats = np.asarray(conv(x_cal), np.float64).reshape(3, 32, -1, 4)
+  means = feats.mean(axis=(1, 2))
+  variances = feats.var(axis=(1, 2))  # biased, as BatchNormalization's
+  np.testing.assert_allclose(bn.moving_mean.numpy(), means.mean(0),
+                             rtol=1e-4, atol=1e-6)
+  np.testing.assert_allclose(bn.moving_variance.numpy(), variances.mean(0),
+                             rtol=1e-4, atol=1e-6)
+  assert bn.momentum == pytest.approx(0.99)  # put back
+
+
+def test_exhaustive_ranking_and_components(trained):
+  net = trained
+  x_cal, _ = _data(32, 2)
+  x_val, y_val = _data(40, 3)
+  allowed = {"layer1": ["skip"], "layer2": ["conv3", "maxpool"]}
+  ranking = rank(net, x_cal, x_val, y_val, allowed=allowed, verbose=0)
+  assert len(ranking.scores) == 4 * 1 * 2
+  assert {a for a, _ in ranking.scores} == set(
+      net.space.enumerate(allowed))
+  values = [s for _, s in ranking.scores]
+  assert values == sorted(values, reverse=True)
+  # Each score is the accuracy of that path after recalibration.
+  arch, best = ranking.scores[0]
+  net.set_arch(arch)
+  recalibrate_batchnorm(net, x_cal)
+  logits = np.asarray(net(x_val, training=False))
+  assert best == pytest.approx((logits.argmax(-1) == y_val).mean())
+  mean, count = ranking.components[("layer2", "maxpool")]
+  hits = [s for a, s in ranking.scores if a[2] == "maxpool"]
+  assert count == 4 and mean == pytest.approx(np.mean(hits))
+  assert ("layer1", "conv3") not in ranking.components
+  # The super-network is as it was: path and BatchNorm statistics.
+  net.set_arch(("skip", "skip", "skip"))
+  stats = [v.numpy().copy() for v in net.non_trainable_weights]
+  rank(net, x_cal, x_val, y_val, allowed=allowed, verbose=0)
+  assert net.arch() == ("skip", "skip", "skip")
+  for v, s in zip(net.non_trainable_weights, stats):
+    if "active_path" not in v.path:
+      np.testing.assert_array_equal(v.numpy(), s)
+
+
+def test_sampled_ranking_when_space_is_large(trained):
+  x, y = _data(16, 4)
+  ranking = rank(trained, x, x, y, max_exhaustive=4, samples=5, seed=1,
+                 verbose=0)
+  assert len(ranking.scores) == len({a for a, _ in ranking.scores}) == 5
+  assert len(ranking.top(3)) == 3
+
+
+def test_rank_errors(trained):
+  x, y = _data(8, 5)
+  with pytest.raises(ValueError, match="one label per x_val row"):
+    rank(trained, x, x, y[:3], verbose=0)
+  with pytest.raises(ValueError, match="a tfopt.nas.SuperNet"):
+    rank(keras.Sequential([keras.Input((2,))]), x, x, y, verbose=0)
