@@ -131,26 +131,40 @@ def _causal_attention(x, i: int, d_model: int, num_heads: int):
   return x + h
 
 
-def transformer_lm(*, vocab_size: int = 8000, seq_len: int = 128,
-                   num_layers: int = 4, d_model: int = 256, num_heads: int = 4,
-                   d_ff: int = 1024, optimizer: Any = "adam") -> ZooModel:
-  """A causal Transformer language model: a stack of pre-norm blocks."""
+def _causal_lm(name: str, vocab_size: int, seq_len: int, num_layers: int,
+               d_model: int, num_heads: int, feed_forward, optimizer
+               ) -> ZooModel:
+  """Pre-norm causal LM: embeddings, blocks of attention and
+  `feed_forward(h, i)` (each with its residual), final norm, vocabulary
+  head; compiled."""
   import keras
   L = keras.layers
   tokens = keras.Input((seq_len,), dtype="int32", name="tokens")
   x = _embed(tokens, vocab_size, seq_len, d_model)
   for i in range(num_layers):
     x = _causal_attention(x, i, d_model, num_heads)
-    h = L.LayerNormalization(name=f"block_{i}_ln2")(x)
-    h = L.Dense(d_ff, activation="gelu", name=f"block_{i}_ff1")(h)
-    h = L.Dense(d_model, name=f"block_{i}_ff2")(h)
-    x = x + h
+    x = x + feed_forward(L.LayerNormalization(name=f"block_{i}_ln2")(x), i)
   x = L.LayerNormalization(name="final_ln")(x)
   logits = L.Dense(vocab_size, name="lm_head")(x)
-  model = keras.Model(tokens, logits, name="transformer_lm")
+  model = keras.Model(tokens, logits, name=name)
   model.compile(optimizer=optimizer, loss=_sparse_ce())
-  return ZooModel("transformer_lm", model,
+  return ZooModel(name, model,
                   _labelled((seq_len,), vocab_size, integer_inputs=True))
+
+
+def transformer_lm(*, vocab_size: int = 8000, seq_len: int = 128,
+                   num_layers: int = 4, d_model: int = 256, num_heads: int = 4,
+                   d_ff: int = 1024, optimizer: Any = "adam") -> ZooModel:
+  """A causal Transformer language model: a stack of pre-norm blocks."""
+  import keras
+  L = keras.layers
+
+  def mlp_block(h, i):
+    h = L.Dense(d_ff, activation="gelu", name=f"block_{i}_ff1")(h)
+    return L.Dense(d_model, name=f"block_{i}_ff2")(h)
+
+  return _causal_lm("transformer_lm", vocab_size, seq_len, num_layers,
+                    d_model, num_heads, mlp_block, optimizer)
 
 
 def moe_lm(*, vocab_size: int = 256, seq_len: int = 128, num_layers: int = 2,
@@ -161,22 +175,14 @@ def moe_lm(*, vocab_size: int = 256, seq_len: int = 128, num_layers: int = 2,
   """A causal mixture-of-experts language model (byte-level by default):
   pre-norm blocks of attention and a `tfopt.pruning.MoE` feed-forward
   (Mixtral-style top-k SwiGLU experts). MoE layers are named block_{i}_moe."""
-  import keras
   from tfopt.pruning.moe_layer import MoE
-  L = keras.layers
-  tokens = keras.Input((seq_len,), dtype="int32", name="tokens")
-  x = _embed(tokens, vocab_size, seq_len, d_model)
-  for i in range(num_layers):
-    x = _causal_attention(x, i, d_model, num_heads)
-    h = L.LayerNormalization(name=f"block_{i}_ln2")(x)
-    x = x + MoE(num_experts, expert_dim, top_k=top_k,
-                load_balance_coef=load_balance_coef, name=f"block_{i}_moe")(h)
-  x = L.LayerNormalization(name="final_ln")(x)
-  logits = L.Dense(vocab_size, name="lm_head")(x)
-  model = keras.Model(tokens, logits, name="moe_lm")
-  model.compile(optimizer=optimizer, loss=_sparse_ce())
-  return ZooModel("moe_lm", model,
-                  _labelled((seq_len,), vocab_size, integer_inputs=True))
+
+  def moe_block(h, i):
+    return MoE(num_experts, expert_dim, top_k=top_k,
+               load_balance_coef=load_balance_coef, name=f"block_{i}_moe")(h)
+
+  return _causal_lm("moe_lm", vocab_size, seq_len, num_layers, d_model,
+                    num_heads, moe_block, optimizer)
 
 
 def gnmt(*, vocab_size: int = 8000, seq_len: int = 16, units: int = 256,
