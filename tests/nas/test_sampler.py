@@ -70,3 +70,35 @@ def test_sampler_errors():
   with pytest.raises(ValueError, match="a tfopt.nas.SuperNet"):
     plain.fit(np.zeros((2, 2)), np.zeros((2, 1)), verbose=0,
               callbacks=[PathSampler()])
+
+
+def test_constraints_file_reread_every_epoch(tmp_path):
+  from tfopt.nas.steering import Constraints
+  keras.utils.set_random_seed(0)
+  net = SuperNet(tiny64(filters=2))
+  net.compile("sgd", keras.losses.SparseCategoricalCrossentropy(
+      from_logits=True))
+  path = str(tmp_path / "steer.json")
+  Constraints().save(path)
+  seen = []
+
+  class Steer(keras.callbacks.Callback):
+    """The analyst: after epoch 0, locks layer1 to skip."""
+
+    def on_train_batch_begin(self, batch, logs=None):
+      seen.append(net.arch())
+
+    def on_epoch_end(self, epoch, logs=None):
+      if epoch == 0:
+        c = Constraints.load(path)
+        c.lock_layer(net.space, "layer1", "skip")
+        c.save(path)
+
+  sampler = PathSampler(seed=0, constraints_file=path)
+  x, y = _data(n=40)
+  net.fit(x, y, batch_size=2, epochs=2, verbose=0,
+          callbacks=[sampler, Steer()])
+  assert sampler.versions == [0, 0, 1]  # train begin, epoch 0, epoch 1
+  first, second = seen[:20], seen[20:]
+  assert {a[1] for a in first} != {"skip"}  # free before the lock
+  assert {a[1] for a in second} == {"skip"}

@@ -26,15 +26,21 @@ class PathSampler(keras.callbacks.Callback):
   Args:
     allowed: None, or {choice layer name: op names} restricting the ops a
       layer may take (a layer not named keeps all); validated on train begin.
+    constraints_file: a `tfopt.nas.steering.Constraints` JSON file, re-read
+      at every epoch begin (so an analyst can steer a running search); it
+      replaces `allowed`. `versions` records the version seen per epoch.
     seed: seed of the sampler's NumPy generator.
     freeze_untaken: restore untaken ops' variables after every step.
 
   `counts` counts the sampled architectures.
   """
 
-  def __init__(self, allowed=None, seed: int = 0, freeze_untaken: bool = True):
+  def __init__(self, allowed=None, seed: int = 0, freeze_untaken: bool = True,
+               constraints_file: str | None = None):
     super().__init__()
     self.allowed = allowed
+    self.constraints_file = constraints_file
+    self.versions: list = []
     self.rng = np.random.default_rng(seed)
     self.freeze_untaken = bool(freeze_untaken)
     self.counts: collections.Counter = collections.Counter()
@@ -49,7 +55,19 @@ class PathSampler(keras.callbacks.Callback):
 
   def on_train_begin(self, logs=None):
     self._check_model()
+    self._read_constraints()
     self.model.space.allowed_ops(self.allowed)  # clear errors up front
+
+  def on_epoch_begin(self, epoch, logs=None):
+    self._read_constraints()
+
+  def _read_constraints(self) -> None:
+    if self.constraints_file is None:
+      return
+    from tfopt.nas.steering import Constraints  # pylint: disable=import-outside-toplevel
+    constraints = Constraints.load(self.constraints_file, self.model.space)
+    self.allowed = constraints.allowed_ops(self.model.space)
+    self.versions.append(constraints.version)
 
   def on_train_batch_begin(self, batch, logs=None):
     space = self.model.space
