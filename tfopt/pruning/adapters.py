@@ -19,6 +19,7 @@ dense MLP outside the routed experts; it is not an expert kernel here.
 
 from __future__ import annotations
 
+import abc
 import dataclasses
 from typing import Any
 
@@ -45,16 +46,31 @@ class ExpertKernel:
   stage: str
 
 
-class MoEAdapter:
+def block_input(args: tuple, kwargs: dict):
+  """The block's input tensor among a layer `call`'s arguments: the first
+  positional one, else `inputs` / `hidden_states` / `x`."""
+  if args:
+    return args[0]
+  for name in ("inputs", "hidden_states", "x"):
+    if name in kwargs:
+      return kwargs[name]
+  raise invalid_argument("call arguments", "to contain the block input",
+                         sorted(kwargs))
+
+
+class MoEAdapter(abc.ABC):
   """The contract between pruning and one MoE layer class.
 
   All methods take the layer and flattened tokens (T, d_model) as a backend
   tensor or NumPy array, and return backend tensors computed with the
-  layer's current weights exactly as the layer computes them.
+  layer's current weights exactly as the layer computes them. Subclasses
+  implement `kernels`, `gates` and `expert_outputs`, and `expert_hidden`
+  when some kernel has stage HIDDEN.
   """
 
+  @abc.abstractmethod
   def kernels(self, layer) -> list[ExpertKernel]:
-    raise NotImplementedError
+    """The layer's stacked expert kernels, first stage first."""
 
   def num_experts(self, layer) -> int:
     return int(layer.num_experts)
@@ -62,27 +78,24 @@ class MoEAdapter:
   def top_k(self, layer) -> int:
     return int(layer.top_k)
 
+  @abc.abstractmethod
   def gates(self, layer, tokens):
     """Routing weights (T, E): the gate coefficient, zero if not routed."""
-    raise NotImplementedError
 
-  def expert_hidden(self, layer, tokens):
-    """Inputs of the HIDDEN-stage kernels, (E, T, m)."""
-    raise NotImplementedError
-
+  @abc.abstractmethod
   def expert_outputs(self, layer, tokens):
     """Every expert's output on every token, (E, T, d_model)."""
-    raise NotImplementedError
+
+  def expert_hidden(self, layer, tokens):
+    """Inputs of the HIDDEN-stage kernels, (E, T, m). Only called for
+    adapters that list a HIDDEN kernel."""
+    raise TypeError(f"{type(self).__name__} lists no HIDDEN-stage kernel "
+                    f"for layer {layer.name!r}, so it has no expert hidden "
+                    "activations.")
 
   def block_input(self, args: tuple, kwargs: dict):
     """The block's input tensor among a `call`'s arguments."""
-    if args:
-      return args[0]
-    for name in ("inputs", "hidden_states", "x"):
-      if name in kwargs:
-        return kwargs[name]
-    raise invalid_argument("call arguments", "to contain the block input",
-                           sorted(kwargs))
+    return block_input(args, kwargs)
 
   def combine(self, layer, tokens):
     """The routed-experts part of the block output, (T, d_model)."""
@@ -190,6 +203,9 @@ class DenseAdapter(MoEAdapter):
   def gates(self, layer, tokens):
     tokens = ops.convert_to_tensor(tokens)
     return ops.ones((ops.shape(tokens)[0], 1), dtype=tokens.dtype)
+
+  def expert_outputs(self, layer, tokens):
+    return layer(ops.convert_to_tensor(tokens))[None]
 
 
 _REGISTRY: dict[type, MoEAdapter] = {}

@@ -16,7 +16,7 @@ from typing import Iterator
 
 from keras import ops
 
-from tfopt.pruning.adapters import MoEAdapter, adapter_for
+from tfopt.pruning.adapters import adapter_for, block_input
 
 
 @dataclasses.dataclass
@@ -42,13 +42,13 @@ def capture_inputs(layers) -> Iterator[Capture]:
   installed = []
   try:
     for layer in layers:
-      adapter = adapter_for(layer) or MoEAdapter()  # e.g. a Dense layer
+      adapter = adapter_for(layer)
+      find_input = adapter.block_input if adapter else block_input  # Dense
       original = layer.call
 
-      def hooked(*args, _layer=layer, _adapter=adapter, _original=original,
+      def hooked(*args, _layer=layer, _find=find_input, _original=original,
                  **kwargs):
-        block_input = _adapter.block_input(args, kwargs)
-        value = ops.convert_to_numpy(block_input)
+        value = ops.convert_to_numpy(_find(args, kwargs))
         seen = capture.inputs[id(_layer)]
         if not seen:
           capture.order.append(_layer)
