@@ -4,6 +4,8 @@ pruning, one-shot NAS, training at scale)."""
 from setuptools import find_packages, setup
 
 # keras-hub 0.32's own requirements except tensorflow-text (see "hub").
+# sklearn's bundled digits: the NAS benchmark's and tests' data.
+_NAS_DEPS = ["scikit-learn>=1.5,<2"]
 _KERAS_HUB_DEPS = ["regex>=2023", "rich>=13", "kagglehub>=0.3,!=1.0.1",
                    "kagglesdk==0.1.28", "sentencepiece>=0.2,<0.3",
                    "tokenizers>=0.19,<1"]
@@ -32,11 +34,12 @@ setup(
     extras_require={
         # jax: the optimizers are checked on Keras' JAX backend too.
         "test": ["pytest>=8,<10", "pytest-timeout>=2.2,<3",
-                 "jax>=0.4.35,<0.11"] + _KERAS_HUB_DEPS,
+                 "jax>=0.4.35,<0.11"] + _KERAS_HUB_DEPS + _NAS_DEPS,
         # keras-hub's Mixtral / Qwen-MoE layers (tfopt.pruning adapters).
         # keras-hub itself is installed with --no-deps (see Makefile): its
         # tensorflow-text requirement would pull the full `tensorflow` wheel
         # over tensorflow-cpu, and the MoE layers do not need it.
         "hub": _KERAS_HUB_DEPS,
+        "nas": _NAS_DEPS,
     },
 )

@@ -89,3 +89,70 @@ def test_rank_errors(trained):
     rank(trained, x, x, y[:3], verbose=0)
   with pytest.raises(ValueError, match="a tfopt.nas.SuperNet"):
     rank(keras.Sequential([keras.Input((2,))]), x, x, y, verbose=0)
+
+
+def test_constraints_restrict_what_is_ranked(trained):
+  from tfopt.nas.steering import Constraints
+  space = trained.space
+  x, y = _data(16, 6)
+  c = Constraints()
+  c.remove_op(space, "layer0", "skip")
+  c.lock_layer(space, "layer1", "conv3")
+  c.select(space, [("conv3", "conv3", "conv3"), ("skip", "conv3", "skip"),
+                   ("maxpool", "conv3", "maxpool")])
+  ranking = rank(trained, x, x, y, constraints=c, verbose=0)
+  assert {a for a, _ in ranking.scores} == {("conv3", "conv3", "conv3"),
+                                            ("maxpool", "conv3", "maxpool")}
+  assert ("layer0", "skip") not in ranking.components
+  sampled = rank(trained, x, x, y, constraints=c, strategy="random",
+                 samples=10, verbose=0)
+  assert len(sampled.scores) == 2  # all there is
+
+
+def test_evolution_finds_the_optimum_of_a_known_landscape():
+  # An oracle landscape on 4^6 = 4096 sub-graphs: the score counts conv3
+  # ops; the optimum (all conv3) is one sub-graph.
+  from tfopt.nas.ranking import _candidates_random, _evolve
+  from tfopt.nas.space import ChoiceLayer, SearchSpace
+  ops = {"conv3": {"type": "conv", "kernel": 3},
+         "conv5": {"type": "conv", "kernel": 5},
+         "maxpool": {"type": "maxpool"}, "skip": {"type": "skip"}}
+  space = SearchSpace("six", (8, 8, 1), 10, tuple(
+      ChoiceLayer(f"l{i}", ops, 4) for i in range(6)))
+  score = lambda arch: sum(op == "conv3" for op in arch)  # noqa: E731
+  draw = lambda rng: space.sample(rng)  # noqa: E731
+  found = 0
+  random_best = []
+  for seed in range(5):
+    rng = np.random.default_rng(seed)
+    evaluated = _evolve(space, draw, lambda a: True, 200, rng, score)
+    assert len(evaluated) == len(set(evaluated)) == 200
+    found += max(map(score, evaluated)) == 6
+    random_best.append(max(map(score, _candidates_random(
+        space, draw, lambda a: True, 200, np.random.default_rng(seed)))))
+  assert found >= 4            # evolution climbs to the optimum
+  assert max(random_best) < 6  # 200 random draws of 4096 do not
+
+
+def test_rank_strategy_errors(trained):
+  x, y = _data(8, 7)
+  with pytest.raises(ValueError, match="Argument `strategy` must be one of"):
+    rank(trained, x, x, y, strategy="bayes", verbose=0)
+  with pytest.raises(ValueError, match="Argument `constraints`"):
+    rank(trained, x, x, y, constraints={"remove": {}}, verbose=0)
+
+
+def test_log_likelihood_score_against_numpy(trained):
+  from tfopt.nas.ranking import log_likelihood
+  x, y = _data(20, 8)
+  trained.set_arch(("conv3", "skip", "maxpool"))
+  logits = np.asarray(trained(x, training=False), np.float64)
+  logp = logits - np.log(np.exp(logits).sum(-1, keepdims=True))
+  expected = logp[np.arange(20), y].mean()
+  assert log_likelihood(trained, x, y, batch_size=7) == pytest.approx(
+      expected, rel=1e-5)
+  ranking = rank(trained, x, x, y, score="log_likelihood", verbose=0,
+                 allowed={"layer0": ["conv3"], "layer1": ["skip"]})
+  assert all(s < 0 for _, s in ranking.scores)
+  with pytest.raises(ValueError, match="Argument `score` must be one of"):
+    rank(trained, x, x, y, score="f1", verbose=0)

@@ -1,6 +1,8 @@
 """PathSampler: uniform over the allowed ops, removed ops never sampled,
 untaken ops exactly untouched even under AdamW, in both execution modes."""
 
+import collections
+
 import keras
 import numpy as np
 import pytest
@@ -102,3 +104,47 @@ def test_constraints_file_reread_every_epoch(tmp_path):
   first, second = seen[:20], seen[20:]
   assert {a[1] for a in first} != {"skip"}  # free before the lock
   assert {a[1] for a in second} == {"skip"}
+
+
+def test_in_graph_sampling_follows_the_constraints_under_xla():
+  from tfopt.nas.steering import Constraints
+  keras.utils.set_random_seed(0)
+  space = tiny64(filters=4)
+  net = SuperNet(space, execution="mask", in_graph_sampling=True, seed=3)
+  c = Constraints()
+  c.remove_op(space, "layer0", "conv5")
+  c.lock_layer(space, "layer2", "skip")
+  c.prefer_op(space, "layer1", "conv3", 3.0)
+  net.set_sampling(c)
+  # Each training call draws a path: frequencies follow the weights.
+  x, y = _data(n=4)
+  counts = collections.Counter()
+  for _ in range(300):
+    net(x, training=True)
+    counts[net.arch()] += 1
+  layer1 = collections.Counter()
+  for arch, n in counts.items():
+    assert arch[0] != "conv5" and arch[2] == "skip"
+    layer1[arch[1]] += n
+  assert abs(layer1["conv3"] / 300 - 0.5) < 0.1  # 3 / (3 + 1 + 1 + 1)
+  # Inside compiled (XLA) training: the removed op is never trained.
+  net.compile(keras.optimizers.Adam(1e-2),
+              keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+              jit_compile=True)
+  # Its trainable weights, that is: in mask execution every op runs, so
+  # BatchNorm moving statistics move (ranking recalibrates them anyway).
+  removed = [v.numpy().copy() for v in net.choices[0][1].trainable_weights]
+  sampler = PathSampler(constraints=c)
+  x, y = _data(n=64)
+  net.fit(x, y, batch_size=4, epochs=2, verbose=0, callbacks=[sampler])
+  for v, b in zip(net.choices[0][1].trainable_weights, removed):
+    np.testing.assert_array_equal(v.numpy(), b)
+  assert not np.array_equal(net.choices[0][0].trainable_weights[0].numpy(),
+                            removed[0])  # conv3 of layer0 did train
+  assert not sampler.counts  # nothing drawn in Python
+  with pytest.raises(ValueError, match="Argument `freeze_untaken`"):
+    net.fit(x, y, epochs=1, verbose=0,
+            callbacks=[PathSampler(freeze_untaken=True)])
+  c.set_limits(space, max_params=10**6)
+  with pytest.raises(ValueError, match="without region or limits"):
+    net.set_sampling(c)

@@ -109,3 +109,18 @@ def test_bad_queries():
     space.arch_at(64)
   with pytest.raises(ValueError, match="Argument `name`"):
     ChoiceLayer("", {"skip": {"type": "skip"}})
+
+
+@pytest.mark.parametrize("space_fn", [
+    lambda: tiny64(filters=6),
+    lambda: stage_block(input_shape=(8, 8, 3), filters=(4, 6))])
+def test_param_count_matches_keras(space_fn):
+  # The oracle: Keras' own count on the built sub-graph.
+  from tfopt.nas.supernet import SuperNet
+  space = space_fn()
+  net = SuperNet(space)
+  rng = np.random.default_rng(0)
+  archs = list(space.enumerate())
+  for i in rng.choice(len(archs), size=6, replace=False):
+    arch = archs[i]
+    assert space.param_count(arch) == net.subnet(arch).count_params(), arch

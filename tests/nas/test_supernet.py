@@ -98,3 +98,14 @@ def test_bad_arguments():
     SuperNet({"layers": []})
   with pytest.raises(ValueError, match="one op name per choice layer"):
     SuperNet(tiny64(filters=4)).set_arch(("conv3",))
+
+
+def test_switch_under_xla_is_refused_not_aborted():
+  net = SuperNet(tiny64(filters=4))
+  with pytest.raises(ValueError, match="execution='mask' to compile it "
+                     "under XLA"):
+    net.compile("adam", _ce(), jit_compile=True)
+  net.compile("adam", _ce())  # "auto": no XLA for a switch network
+  assert net.jit_compile is False
+  x, y = _data()
+  net.fit(x, y, epochs=1, batch_size=8, verbose=0)

@@ -8,8 +8,10 @@ moving mean/variance of every BatchNorm on the path and replaces them by the
 plain average over the calibration batches of the batch statistics (the
 cumulative-average momentum 1 - 1/(k+1) at batch k).
 
-The candidates are every allowed architecture when there are at most
-`max_exhaustive`, else `samples` uniform draws (distinct). Component
+The candidates are every admitted architecture when there are at most
+`max_exhaustive`, else `samples` sub-graphs chosen by regularized evolution
+(Real et al.: tournament selection, one-layer mutation, aging) or uniform
+draws. Component
 fitness: for each (layer, op), the mean score of the ranked sub-graphs
 containing it and how many there were.
 """
@@ -31,6 +33,8 @@ class Ranking:
   {(layer, op): (mean score, count)}."""
   scores: list  # [(arch, accuracy)]
   components: dict
+  strategy: str = "exhaustive"
+  score: str = "accuracy"
 
   def top(self, k: int = 1) -> list:
     return [arch for arch, _ in self.scores[:k]]
@@ -80,59 +84,160 @@ def accuracy(net, x, y, batch_size: int = 256) -> float:
   return correct / len(x)
 
 
+def log_likelihood(net, x, y, batch_size: int = 256) -> float:
+  """Mean log-probability of the true class under the active path
+  (inference mode): a proper scoring rule, less grainy than accuracy on a
+  few hundred validation images."""
+  total = 0.0
+  for start in range(0, len(x), batch_size):
+    logits = ops.convert_to_numpy(net(x[start:start + batch_size],
+                                      training=False)).astype(np.float64)
+    logits -= logits.max(-1, keepdims=True)
+    logp = logits - np.log(np.exp(logits).sum(-1, keepdims=True))
+    total += float(logp[np.arange(len(logp)),
+                        y[start:start + batch_size]].sum())
+  return total / len(x)
+
+
+STRATEGIES = ("auto", "exhaustive", "random", "evolution")
+SCORES = {"accuracy": accuracy, "log_likelihood": log_likelihood}
+
+
+def _candidates_random(space, draw, admits, samples, rng):
+  seen: dict = {}
+  for _ in range(50 * samples):  # distinct draws; a small region runs dry
+    if len(seen) >= samples:
+      break
+    seen.setdefault(draw(rng), None)
+  return list(seen)
+
+
+def _evolve(space, draw, admits, samples, rng, score, population=16,
+            tournament=4):
+  """Regularized (aging) evolution: a random population, then `samples`
+  minus its size children, each the winner of a random tournament with one
+  layer mutated to another allowed op; the oldest member dies. Returns the
+  evaluated architectures; `score(arch)` caches."""
+  allowed = space.allowed_ops()
+  evaluated = {}
+  alive = []
+  for arch in _candidates_random(space, draw, admits, min(population,
+                                                          samples), rng):
+    evaluated[arch] = score(arch)
+    alive.append(arch)
+  stale = 0
+  while len(evaluated) < samples and stale < 20 * samples:
+    pool = [alive[i] for i in rng.choice(len(alive),
+                                         min(tournament, len(alive)),
+                                         replace=False)]
+    parent = max(pool, key=lambda a: evaluated[a])
+    layer = int(rng.integers(len(parent)))
+    options = [op for op in allowed[layer] if op != parent[layer]]
+    child = list(parent)
+    child[layer] = options[int(rng.integers(len(options)))] if options \
+        else parent[layer]
+    child = tuple(child)
+    if child in evaluated or not admits(child):
+      stale += 1
+      continue
+    evaluated[child] = score(child)
+    alive.append(child)
+    if len(alive) > population:
+      alive.pop(0)
+  return list(evaluated)
+
+
 def rank(net, x_cal, x_val, y_val, allowed=None, max_exhaustive: int = 256,
          samples: int = 100, seed: int = 0, recalibrate: bool = True,
-         verbose: int = 1) -> Ranking:
+         verbose: int = 1, constraints=None, strategy: str = "auto",
+         score: str = "accuracy") -> Ranking:
   """Scores sub-graphs of `net` (a trained `SuperNet`); see the module doc.
 
-  The active path and every BatchNorm's moving statistics are restored
-  afterwards: ranking leaves the super-network as it was.
+  `constraints` (a `tfopt.nas.Constraints`) replaces `allowed`: removed
+  ops, locks, region and limits are never ranked. `strategy`: "exhaustive"
+  (every admitted sub-graph), "random" (`samples` distinct draws),
+  "evolution" (regularized evolution evaluating `samples` sub-graphs) or
+  "auto" (exhaustive up to `max_exhaustive` admitted sub-graphs, else
+  evolution). `score`: "accuracy" (top-1 on the validation data) or
+  "log_likelihood" (mean log-probability of the true class). The active path and every BatchNorm's moving statistics are
+  restored afterwards: ranking leaves the super-network as it was.
   """
   from tfopt.nas.supernet import SuperNet  # pylint: disable=import-outside-toplevel
+  from tfopt.nas.steering import Constraints  # pylint: disable=import-outside-toplevel
   if not isinstance(net, SuperNet):
     raise invalid_argument("net", "a tfopt.nas.SuperNet", type(net).__name__)
   check_positive_int("max_exhaustive", max_exhaustive)
   check_positive_int("samples", samples)
+  if strategy not in STRATEGIES:
+    raise invalid_argument("strategy", f"one of {STRATEGIES}", strategy)
+  if score not in SCORES:
+    raise invalid_argument("score", f"one of {tuple(SCORES)}", score)
+  metric = SCORES[score]
   x_val, y_val = np.asarray(x_val), np.asarray(y_val)
   if len(x_val) != len(y_val) or not len(x_val):
     raise invalid_argument("y_val", f"one label per x_val row ({len(x_val)})",
                            y_val.shape)
   space = net.space
-  allowed_ops = space.allowed_ops(allowed)
-  total = int(np.prod([len(o) for o in allowed_ops]))
-  if total <= max_exhaustive:
-    candidates = list(space.enumerate(allowed))
-  else:
-    rng = np.random.default_rng(seed)
-    seen: dict = {}
-    while len(seen) < min(samples, total):
-      seen.setdefault(space.sample(rng, allowed), None)
-    candidates = list(seen)
+  if constraints is None:
+    space.allowed_ops(allowed)  # a clear error for a bad restriction
+    constraints = Constraints(remove={
+        layer.name: [op for op in layer.op_names
+                     if op not in (allowed or {}).get(layer.name,
+                                                      layer.op_names)]
+        for layer in space.layers if layer.name in (allowed or {})})
+  elif not isinstance(constraints, Constraints):
+    raise invalid_argument("constraints", "a tfopt.nas.Constraints",
+                           type(constraints).__name__)
+  draw = constraints.sampler(space)  # validates
+  admitted = constraints.admitted(space)
+  admits = lambda arch: constraints.admits(space, arch)  # noqa: E731
+  if strategy == "auto":
+    strategy = "exhaustive" if admitted is not None and \
+        len(admitted) <= max_exhaustive else "evolution"
+  if strategy == "exhaustive" and admitted is None:
+    raise invalid_argument("strategy", "'random' or 'evolution' for a space "
+                           "this large", strategy)
+  rng = np.random.default_rng(seed)
   original = net.arch()
-  bar = keras.utils.Progbar(len(candidates), unit_name="sub-graph",
-                            verbose=verbose) if verbose else None
   norms = _batch_norms([net.stem] + [b for c in net.choices for b in c])
   saved = [(bn.moving_mean.numpy(), bn.moving_variance.numpy())
            for bn in norms]
-  scores = []
-  try:
-    for i, arch in enumerate(candidates):
+  budget = len(admitted) if strategy == "exhaustive" else samples
+  if admitted is not None:
+    budget = min(budget, len(admitted))
+  bar = keras.utils.Progbar(budget, unit_name="sub-graph",
+                            verbose=verbose) if verbose else None
+  cache: dict = {}
+
+  def evaluate(arch):
+    if arch not in cache:
       net.set_arch(arch)
       if recalibrate:
         recalibrate_batchnorm(net, x_cal)
-      scores.append((arch, accuracy(net, x_val, y_val)))
+      cache[arch] = metric(net, x_val, y_val)
       if bar is not None:
-        bar.update(i + 1)
+        bar.update(min(len(cache), budget))
+    return cache[arch]
+
+  try:
+    if strategy == "exhaustive":
+      candidates = admitted
+    elif strategy == "random":
+      candidates = _candidates_random(space, draw, admits, budget, rng)
+    else:
+      candidates = _evolve(space, draw, admits, budget, rng, evaluate)
+    scores = [(arch, evaluate(arch)) for arch in candidates]
   finally:
     net.set_arch(original)
     for bn, (mean, var) in zip(norms, saved):  # the super-network as it was
       bn.moving_mean.assign(mean)
       bn.moving_variance.assign(var)
   scores.sort(key=lambda item: (-item[1], space.index(item[0])))
+  allowed_ops = space.allowed_ops(constraints.allowed_ops(space))
   components = {}
   for i, layer in enumerate(space.layers):
     for op in allowed_ops[i]:
       hits = [s for arch, s in scores if arch[i] == op]
       components[(layer.name, op)] = (float(np.mean(hits)) if hits
                                       else float("nan"), len(hits))
-  return Ranking(scores, components)
+  return Ranking(scores, components, strategy, score)

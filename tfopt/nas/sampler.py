@@ -1,7 +1,8 @@
 """Single-path uniform sampling while a `SuperNet` trains (a Keras callback).
 
 Before each training step `PathSampler` draws one op per choice layer,
-uniformly among the allowed ops, and makes it the super-network's active
+uniformly among the allowed ops (or, with steering `Constraints`, an
+admitted sub-graph with the analyst's preference weights), and makes it the super-network's active
 path (a variable assignment: the compiled train step is not retraced). With
 `freeze_untaken=True` (default) every variable of the ops not taken in that
 step (kernels, BatchNorm scales and moving statistics) is put back after the
@@ -26,23 +27,34 @@ class PathSampler(keras.callbacks.Callback):
   Args:
     allowed: None, or {choice layer name: op names} restricting the ops a
       layer may take (a layer not named keeps all); validated on train begin.
-    constraints_file: a `tfopt.nas.steering.Constraints` JSON file, re-read
-      at every epoch begin (so an analyst can steer a running search); it
-      replaces `allowed`. `versions` records the version seen per epoch.
+    constraints: a `tfopt.nas.Constraints` (remove, lock, prefer, region,
+      limits); replaces `allowed`.
+    constraints_file: a `Constraints` JSON file, re-read at every epoch
+      begin (so an analyst can steer a running search); replaces
+      `constraints`. `versions` records the version seen per epoch.
     seed: seed of the sampler's NumPy generator.
-    freeze_untaken: restore untaken ops' variables after every step.
+    freeze_untaken: restore untaken ops' variables after every step
+      (default: yes, unless the model samples in-graph).
+
+  With a `SuperNet(in_graph_sampling=True)` the path is drawn inside the
+  train step: this callback then only sets the model's sampling logits
+  from the constraints (at train begin and every epoch) and neither draws,
+  counts nor restores (`freeze_untaken=True` is refused).
 
   `counts` counts the sampled architectures.
   """
 
-  def __init__(self, allowed=None, seed: int = 0, freeze_untaken: bool = True,
-               constraints_file: str | None = None):
+  def __init__(self, allowed=None, seed: int = 0,
+               freeze_untaken: bool | None = None,
+               constraints_file: str | None = None, constraints=None):
     super().__init__()
     self.allowed = allowed
+    self.constraints = constraints
+    self._draw = None
     self.constraints_file = constraints_file
     self.versions: list = []
     self.rng = np.random.default_rng(seed)
-    self.freeze_untaken = bool(freeze_untaken)
+    self.freeze_untaken = freeze_untaken
     self.counts: collections.Counter = collections.Counter()
     self._saved: list = []
 
@@ -55,27 +67,56 @@ class PathSampler(keras.callbacks.Callback):
 
   def on_train_begin(self, logs=None):
     self._check_model()
+    if self.model.in_graph_sampling and self.freeze_untaken:
+      raise invalid_argument(
+          "freeze_untaken", "False or None with in-graph sampling (the path "
+          "is drawn inside the step; Python cannot restore what it does not "
+          "see)", self.freeze_untaken)
     self._read_constraints()
-    self.model.space.allowed_ops(self.allowed)  # clear errors up front
+    self._make_draw()
 
   def on_epoch_begin(self, epoch, logs=None):
-    self._read_constraints()
+    if self.constraints_file is not None:
+      self._read_constraints()
+      self._make_draw()
+
+  def _make_draw(self) -> None:
+    """The architecture sampler for the current constraints (validated
+    here, so bad input fails before the first step)."""
+    space = self.model.space
+    if self.model.in_graph_sampling:
+      constraints = self.constraints
+      if constraints is None and self.allowed:
+        from tfopt.nas.steering import Constraints  # pylint: disable=import-outside-toplevel
+        space.allowed_ops(self.allowed)
+        constraints = Constraints(remove={
+            name: [op for op in space.layer(name).op_names if op not in ops]
+            for name, ops in self.allowed.items()})
+      self.model.set_sampling(constraints)
+      self._draw = None
+    elif self.constraints is not None:
+      self._draw = self.constraints.sampler(space)
+    else:
+      space.allowed_ops(self.allowed)
+      self._draw = lambda rng: space.sample(rng, self.allowed)
 
   def _read_constraints(self) -> None:
     if self.constraints_file is None:
       return
     from tfopt.nas.steering import Constraints  # pylint: disable=import-outside-toplevel
-    constraints = Constraints.load(self.constraints_file, self.model.space)
-    self.allowed = constraints.allowed_ops(self.model.space)
-    self.versions.append(constraints.version)
+    self.constraints = Constraints.load(self.constraints_file,
+                                        self.model.space)
+    self.versions.append(self.constraints.version)
 
   def on_train_batch_begin(self, batch, logs=None):
+    if self._draw is None:  # drawn in-graph
+      return
     space = self.model.space
-    arch = space.sample(self.rng, self.allowed)
+    arch = self._draw(self.rng)
     self.model.set_arch(arch)
     self.counts[arch] += 1
     self._saved = []
-    if self.freeze_untaken:
+    if self.freeze_untaken is not False:
       for op, candidates, layer in zip(arch, self.model.choices, space.layers):
         taken = layer.op_names.index(op)
         for j, block in enumerate(candidates):

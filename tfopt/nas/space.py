@@ -191,6 +191,27 @@ class SearchSpace:
       parts.append(one)
     return np.concatenate(parts)
 
+  def param_count(self, arch) -> int:
+    """Number of weights of the sub-graph `arch` (trainable and BatchNorm
+    statistics alike, as `keras.Model.count_params` counts them): stem,
+    chosen ops (with their 1x1 projections where the width changes), head."""
+    arch = self.check_arch(arch)
+    stem = self.stem
+    width = stem.get("filters", self.layers[0].filters or 16)
+    channels = self.input_shape[-1]
+    total = _conv_params(stem.get("kernel", 3), channels, width)
+    for op, layer in zip(arch, self.layers):
+      filters = layer.filters or width
+      spec = layer.ops[op]
+      if spec["type"] == "conv":
+        total += _conv_params(spec["kernel"], width, filters)
+      elif spec["type"] == "dense":
+        total += width * spec["units"] + spec["units"]
+      elif width != filters:  # skip / pooling into a wider layer: projection
+        total += _conv_params(1, width, filters)
+      width = filters
+    return total + width * self.num_classes + self.num_classes
+
   def describe(self, arch) -> str:
     """"conv1=conv3 > conv2=maxpool > ..." for reports and tooltips."""
     arch = self.check_arch(arch)
@@ -231,6 +252,12 @@ class SearchSpace:
   @classmethod
   def from_json(cls, text: str) -> "SearchSpace":
     return cls.from_dict(json.loads(text))
+
+
+def _conv_params(kernel: int, cin: int, cout: int) -> int:
+  # k x k convolution without bias, then BatchNorm (gamma, beta, moving
+  # mean, moving variance).
+  return kernel * kernel * cin * cout + 4 * cout
 
 
 # Presets ---------------------------------------------------------------

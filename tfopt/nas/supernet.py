@@ -18,6 +18,15 @@ train step, without retracing.
   BatchNorm layers do update their moving statistics in training (undone
   by `PathSampler` too).
 
+`in_graph_sampling=True` draws the path inside the training step itself
+(`keras.random.categorical` over `sampling_logits`, one draw per call with
+`training=True`), so a whole epoch can run on the device without Python
+between steps; `set_sampling(constraints)` sets the logits (remove, lock,
+prefer; region and limits are not per-layer and need the Python
+`PathSampler`). Untaken ops are then not restored after each step: use an
+optimizer without weight decay (and in mask execution their BatchNorm
+moving statistics move; ranking recalibrates them anyway).
+
 `subnet(arch)` builds the chosen sub-graph as a standalone functional model
 with the inherited weights (copied), for ranking, export and retraining.
 Candidate ops whose output width differs from their input (skip and pooling
@@ -75,6 +84,7 @@ class SuperNet(keras.Model):
   """All sub-graphs of `space` with shared weights; see the module doc."""
 
   def __init__(self, space: SearchSpace, execution: str = "switch",
+               in_graph_sampling: bool = False, seed: int | None = None,
                **kwargs):
     if not isinstance(space, SearchSpace):
       raise invalid_argument("space", "a tfopt.nas.SearchSpace", space)
@@ -99,6 +109,13 @@ class SuperNet(keras.Model):
     self.active_path = keras.Variable(
         np.zeros(len(space.layers), "int32"), trainable=False, dtype="int32",
         name="active_path")
+    self.in_graph_sampling = bool(in_graph_sampling)
+    widest = max(len(layer.ops) for layer in space.layers)
+    self.sampling_logits = keras.Variable(
+        np.zeros((len(space.layers), widest), "float32"), trainable=False,
+        name="sampling_logits")
+    self._seed_generator = keras.random.SeedGenerator(seed)
+    self.set_sampling(None)
     self.build((None,) + space.input_shape)
 
   def build(self, input_shape):
@@ -118,6 +135,52 @@ class SuperNet(keras.Model):
     self.classifier.build(self.pool.compute_output_shape(shape))
     self.built = True
 
+  def compile(self, *args, jit_compile="auto", **kwargs):
+    """`keras.Model.compile`; `jit_compile=True` needs `execution="mask"`.
+
+    XLA cannot compile the switch's data-dependent branch choice: under TF
+    2.21 it aborts the whole process (a check failure, not an exception),
+    so the combination is refused here, and "auto" (which picks XLA on a
+    GPU) means no XLA for a switch network.
+    """
+    if self.execution == "switch":
+      if jit_compile is True:
+        raise invalid_argument(
+            "jit_compile", "False or 'auto' for execution='switch' (XLA "
+            "aborts the process on the switch's branch choice); build the "
+            "SuperNet with execution='mask' to compile it under XLA",
+            jit_compile)
+      jit_compile = False
+    super().compile(*args, jit_compile=jit_compile, **kwargs)
+
+  def set_sampling(self, constraints=None) -> None:
+    """In-graph sampling distribution: each layer's allowed ops with their
+    preference weights (uniform without `constraints`, a
+    `tfopt.nas.Constraints`)."""
+    space = self.space
+    logits = np.full(self.sampling_logits.shape, -1e9, np.float32)
+    if constraints is None:
+      allowed, prefer = space.allowed_ops(), {}
+    else:
+      from tfopt.nas.steering import Constraints  # pylint: disable=import-outside-toplevel
+      if not isinstance(constraints, Constraints):
+        raise invalid_argument("constraints", "a tfopt.nas.Constraints or "
+                               "None", type(constraints).__name__)
+      if constraints.region is not None or constraints.limits:
+        raise invalid_argument(
+            "constraints", "constraints without region or limits for "
+            "in-graph sampling (they are not per-layer; use PathSampler "
+            "without in_graph)", {"region": constraints.region,
+                                  "limits": constraints.limits})
+      constraints.validate(space)
+      allowed = space.allowed_ops(constraints.allowed_ops(space))
+      prefer = constraints.prefer
+    for i, (ops_, layer) in enumerate(zip(allowed, space.layers)):
+      for op in ops_:
+        logits[i, layer.op_names.index(op)] = np.log(
+            prefer.get(layer.name, {}).get(op, 1.0))
+    self.sampling_logits.assign(logits)
+
   def set_arch(self, arch) -> None:
     """Makes `arch` (op names, one per layer) the active path."""
     arch = self.space.check_arch(arch)
@@ -132,17 +195,22 @@ class SuperNet(keras.Model):
                  for i, layer in zip(index, self.space.layers))
 
   def call(self, inputs, training=None):
+    path = self.active_path
+    if training and self.in_graph_sampling:
+      path = ops.cast(keras.random.categorical(
+          self.sampling_logits, 1, seed=self._seed_generator)[:, 0], "int32")
+      self.active_path.assign(path)
     x = self.stem(inputs, training=training)
     for i, candidates in enumerate(self.choices):
       if self.execution == "switch":
         branches = [lambda y, b=block: b(y, training=training)
                     for block in candidates]
-        x = ops.switch(self.active_path[i], branches, x)
+        x = ops.switch(path[i], branches, x)
       else:
         outs = ops.stack([block(x, training=training)
                           for block in candidates])
         weights = ops.cast(
-            ops.one_hot(self.active_path[i], len(candidates)), outs.dtype)
+            ops.one_hot(path[i], len(candidates)), outs.dtype)
         x = ops.tensordot(weights, outs, axes=1)
     return self.classifier(self.pool(x))
 
