@@ -1,0 +1,58 @@
+"""MFUMonitor: FLOPs from the compiled step, MFU = FLOPs / step time /
+peak on the recorded step times, goodput in (0, 1], clear errors."""
+
+import keras
+import numpy as np
+import pytest
+
+import tfopt  # noqa: F401  (OR-Tools before TensorFlow)
+from tfopt.scale.flops import train_step_flops
+from tfopt.scale.mfu import MFUMonitor, PEAK_FLOPS
+
+
+def _model():
+  keras.utils.set_random_seed(0)
+  model = keras.Sequential([keras.Input((32,)), keras.layers.Dense(64),
+                            keras.layers.Dense(8)])
+  model.compile(keras.optimizers.SGD(0.01), "mse")
+  return model
+
+
+def test_mfu_is_flops_over_step_time_over_peak():
+  model = _model()
+  x = np.random.default_rng(0).normal(size=(256, 32)).astype("float32")
+  y = np.zeros((256, 8), "float32")
+  monitor = MFUMonitor((x[:16], y[:16]), peak_flops=1e9)
+  history = model.fit(x, y, batch_size=16, epochs=2, verbose=0,
+                      callbacks=[monitor])
+  # 2 * 16 * (32*64 + 64*8) forward, twice more for the weight gradients
+  # and once more for the second layer's input gradient.
+  fwd = [2 * 16 * 32 * 64, 2 * 16 * 64 * 8]
+  assert monitor.flops_per_step == 2 * sum(fwd) + fwd[1]
+  assert monitor.flops_per_step == train_step_flops(model, x[:16],
+                                                    y[:16]).total
+  assert len(monitor.step_times) == 2 * 15  # first step of each epoch out
+  s = monitor.summary()
+  step = float(np.median(monitor.step_times))
+  assert s["mfu"] == pytest.approx(monitor.flops_per_step / step / 1e9)
+  assert s["samples_per_s"] == pytest.approx(16 / step)
+  assert 0 < s["goodput"] <= 1
+  assert len(history.history["mfu"]) == 2
+  assert MFUMonitor.async_safe is False
+
+
+def test_peak_from_table_and_errors():
+  model = _model()
+  x = np.zeros((8, 32), "float32")
+  y = np.zeros((8, 8), "float32")
+  monitor = MFUMonitor((x, y), peak_flops="a100-fp32")
+  model.fit(x, y, batch_size=4, epochs=1, verbose=0, callbacks=[monitor])
+  assert monitor.peak == PEAK_FLOPS["a100-fp32"]
+  with pytest.raises(ValueError, match="Argument `peak_flops`"):
+    MFUMonitor((x, y), peak_flops="gpu9000")
+  with pytest.raises(ValueError, match="Argument `peak_flops`"):
+    MFUMonitor((x, y), peak_flops=-1)
+  with pytest.raises(ValueError, match="Argument `sample_batch`"):
+    MFUMonitor(x)
+  with pytest.raises(RuntimeError, match="at least two batches"):
+    MFUMonitor((x, y), peak_flops=1.0).summary()
