@@ -29,6 +29,8 @@ flags.DEFINE_integer("epochs", 15, "Stand-alone epochs per sub-graph.")
 flags.DEFINE_integer("fraction", 16, "One-shot steps = exhaustive / this.")
 flags.DEFINE_enum("score", "accuracy", ["accuracy", "log_likelihood"],
                   "One-shot score of a sub-graph on the validation data.")
+flags.DEFINE_enum("schedule", "uniform", ["uniform", "fair"],
+                  "Path sampling schedule of the super-network.")
 flags.DEFINE_bool("reuse", False, "Reuse the stand-alone tables of the "
                   "existing results file (same epochs) instead of training "
                   "the 64 sub-graphs again.")
@@ -91,7 +93,8 @@ def main(argv):
           + ("reusing the stand-alone table" if seed in previous else
              "training all 64 sub-graphs stand-alone"))
     r = run_seed(space, seed, epochs=FLAGS.epochs, fraction=FLAGS.fraction,
-                 table=previous.get(seed), score=FLAGS.score)
+                 table=previous.get(seed), score=FLAGS.score,
+                 schedule=FLAGS.schedule)
     r["goals"] = goals(r)
     results.append(r)
   print()
@@ -114,7 +117,7 @@ def main(argv):
           f"{len(r['goals'])}" + (f"; missed: {failed}" if failed else ""))
   with open(out, "w", encoding="utf-8") as f:
     json.dump({"benchmark": "nas", "space": "tiny64", "epochs": FLAGS.epochs,
-               "score": FLAGS.score,
+               "score": FLAGS.score, "schedule": FLAGS.schedule,
                "fraction": FLAGS.fraction, "seeds": results}, f, indent=1)
   _plot(results, os.path.splitext(out)[0] + ".png")
   print(f"wrote {out}")

@@ -148,3 +148,31 @@ def test_in_graph_sampling_follows_the_constraints_under_xla():
   c.set_limits(space, max_params=10**6)
   with pytest.raises(ValueError, match="without region or limits"):
     net.set_sampling(c)
+
+
+def test_fair_schedule_trains_every_op_equally_often():
+  keras.utils.set_random_seed(0)
+  net = SuperNet(tiny64(filters=2))
+  net.compile("sgd", keras.losses.SparseCategoricalCrossentropy(
+      from_logits=True))
+  sampler = PathSampler(seed=1, schedule="fair", freeze_untaken=False,
+                        allowed={"layer1": ["conv3", "skip"]})
+  x, y = _data(n=48)
+  net.fit(x, y, batch_size=2, epochs=1, verbose=0, callbacks=[sampler])
+  for i, expected in ((0, {"conv3": 6, "conv5": 6, "maxpool": 6, "skip": 6}),
+                      (1, {"conv3": 12, "skip": 12}),
+                      (2, {"conv3": 6, "conv5": 6, "maxpool": 6, "skip": 6})):
+    counts = collections.Counter()
+    for arch, n in sampler.counts.items():
+      counts[arch[i]] += n
+    assert counts == expected
+  assert len(sampler.counts) > 4  # layers permuted independently
+  from tfopt.nas.steering import Constraints
+  c = Constraints()
+  c.prefer_op(net.space, "layer0", "conv3", 2.0)
+  with pytest.raises(ValueError, match="Argument `schedule` must be "
+                     "'uniform' with prefer"):
+    net.fit(x, y, epochs=1, verbose=0, callbacks=[
+        PathSampler(constraints=c, schedule="fair")])
+  with pytest.raises(ValueError, match="Argument `schedule` must be one of"):
+    PathSampler(schedule="round_robin")

@@ -85,7 +85,7 @@ def random_search(table: list, k: int, draws: int, seed: int) -> dict:
 def run_seed(space, seed: int, epochs: int = 15, fraction: int = 16,
              table: list | None = None, random_draws: int = 2000,
              calibration: int = 500, verbose: int = 1,
-             score: str = "accuracy") -> dict:
+             score: str = "accuracy", schedule: str = "uniform") -> dict:
   """Steps 1-5 of the module doc for `seed`; `table` reuses a stand-alone
   table measured with the same recipe."""
   split = digits(seed)
@@ -98,12 +98,13 @@ def run_seed(space, seed: int, epochs: int = 15, fraction: int = 16,
   x_cal = split.x_train[:calibration]
 
   def search(constraints=None):
-    net, history, _ = train_supernet(space, split, oneshot_steps, seed=seed,
-                                     constraints=constraints)
+    net, _, sampler = train_supernet(space, split, oneshot_steps, seed=seed,
+                                     constraints=constraints,
+                                     schedule=schedule)
     ranking = rank(net, x_cal, split.x_val, split.y_val, verbose=0,
                    constraints=constraints, max_exhaustive=space.size,
                    score=score)
-    steps = len(history.epoch) * math.ceil(len(split.x_train) / 32)
+    steps = sum(sampler.counts.values())  # one sampled path per step
     return ranking, steps
 
   ranking, steps = search()
@@ -125,7 +126,7 @@ def run_seed(space, seed: int, epochs: int = 15, fraction: int = 16,
   steered, _ = search(constraints)
   steered_top1 = steered.scores[0][0]
   return {
-      "seed": seed, "score": score,
+      "seed": seed, "score": score, "schedule": schedule,
       "kendall_tau": tau,
       "compute_ratio": steps / exhaustive_steps,
       "compute_ratio_with_retraining": retrain_steps / exhaustive_steps,

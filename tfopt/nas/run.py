@@ -138,7 +138,8 @@ class RunDir:
     writer.writerows(rows)
     atomic_write_text(self.file(key), buffer.getvalue(), overwrite=True)
 
-  def _read_csv(self, key: str, header: list) -> list:
+  def _read_csv(self, key: str, header: list) -> tuple:
+    """(header row, data rows); the header must start with `header`."""
     path = self.file(key)
     if not os.path.exists(path):
       raise invalid_argument("run_dir", f"a run with {FILES[key]}",
@@ -148,7 +149,7 @@ class RunDir:
     if not rows or rows[0][:len(header)] != header:
       raise invalid_argument(FILES[key], f"a CSV file with columns {header}",
                              rows[0] if rows else path)
-    return rows[1:]
+    return rows[0], rows[1:]
 
   def write_history(self, history: dict) -> None:
     keys = sorted(history)
@@ -197,20 +198,18 @@ class RunDir:
     space = space or self.space()
     names = [l.name for l in space.layers]
     scores = []
-    with open(self.file("subgraphs") if self.exists("subgraphs") else
-              os.devnull, encoding="utf-8") as f:
-      header = f.readline().strip().split(",")
+    header, rows = self._read_csv("subgraphs", ["index"] + names)
+    # The score column says which score the ranking used.
     metric = header[-1][len("oneshot_"):] if header[-1].startswith(
         "oneshot_") else "accuracy"
     try:
-      for row in self._read_csv("subgraphs", ["index"] + names):
+      for row in rows:
         arch = space.check_arch(row[1:1 + len(names)])
         if row[-1] != "":
           scores.append((arch, float(row[-1])))
-      components = {(r[0], r[1]): (float(r[2]), int(r[3]))
-                    for r in self._read_csv("components",
-                                            ["layer", "op", "fitness",
-                                             "frequency"])}
+      _, rows = self._read_csv("components",
+                               ["layer", "op", "fitness", "frequency"])
+      components = {(r[0], r[1]): (float(r[2]), int(r[3])) for r in rows}
     except (ValueError, IndexError) as err:
       raise invalid_argument("run_dir", f"a run whose subgraphs.csv and "
                              f"components.csv fit its space ({err})",

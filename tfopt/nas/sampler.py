@@ -21,6 +21,9 @@ import numpy as np
 from tfopt._errors import invalid_argument
 
 
+SCHEDULES = ("uniform", "fair")
+
+
 class PathSampler(keras.callbacks.Callback):
   """Uniform single-path sampling for `tfopt.nas.SuperNet` training.
 
@@ -35,6 +38,11 @@ class PathSampler(keras.callbacks.Callback):
     seed: seed of the sampler's NumPy generator.
     freeze_untaken: restore untaken ops' variables after every step
       (default: yes, unless the model samples in-graph).
+    schedule: "uniform" (each step draws every layer's op independently) or
+      "fair" (FairNAS-style strict fairness without gradient accumulation:
+      each layer walks through random permutations of its allowed ops, so
+      over every len(ops) steps each op is trained exactly once; needs
+      per-layer constraints only: no prefer, region or limits).
 
   With a `SuperNet(in_graph_sampling=True)` the path is drawn inside the
   train step: this callback then only sets the model's sampling logits
@@ -46,8 +54,13 @@ class PathSampler(keras.callbacks.Callback):
 
   def __init__(self, allowed=None, seed: int = 0,
                freeze_untaken: bool | None = None,
-               constraints_file: str | None = None, constraints=None):
+               constraints_file: str | None = None, constraints=None,
+               schedule: str = "uniform"):
     super().__init__()
+    if schedule not in SCHEDULES:
+      raise invalid_argument("schedule", f"one of {SCHEDULES}", schedule)
+    self.schedule = schedule
+    self._queues: list = []
     self.allowed = allowed
     self.constraints = constraints
     self._draw = None
@@ -94,6 +107,28 @@ class PathSampler(keras.callbacks.Callback):
             for name, ops in self.allowed.items()})
       self.model.set_sampling(constraints)
       self._draw = None
+    elif self.schedule == "fair":
+      allowed = self.allowed
+      if self.constraints is not None:
+        c = self.constraints
+        if c.prefer or c.region is not None or c.limits:
+          raise invalid_argument(
+              "schedule", "'uniform' with prefer, region or limits "
+              "constraints (a fair schedule is per layer)", self.schedule)
+        allowed = c.allowed_ops(space)
+      ops_per_layer = space.allowed_ops(allowed)
+      if [sorted(o) for o in ops_per_layer] != [sorted(q[1]) for q in
+                                                self._queues]:
+        self._queues = [([], ops) for ops in ops_per_layer]
+
+      def draw(rng):
+        arch = []
+        for queue, ops in self._queues:
+          if not queue:
+            queue.extend(ops[i] for i in rng.permutation(len(ops)))
+          arch.append(queue.pop())
+        return tuple(arch)
+      self._draw = draw
     elif self.constraints is not None:
       self._draw = self.constraints.sampler(space)
     else:

@@ -71,7 +71,7 @@ def train_supernet(space: SearchSpace, split, steps: int,
                    batch_size: int = 32, lr: float = 3e-3, seed: int = 0,
                    execution: str = "switch", constraints=None,
                    constraints_file: str | None = None, callbacks=(),
-                   verbose: int = 0):
+                   verbose: int = 0, schedule: str = "uniform"):
   """Trains a `SuperNet` of `space` for `steps` optimizer steps (whole
   epochs, rounded up), one uniformly sampled path per step. Returns
   (net, history, sampler)."""
@@ -86,10 +86,9 @@ def train_supernet(space: SearchSpace, split, steps: int,
   net.compile(make_optimizer(lr, epochs * per_epoch), make_loss(),
               metrics=["accuracy"])
   sampler = PathSampler(seed=seed, constraints=constraints,
-                        constraints_file=constraints_file)
+                        constraints_file=constraints_file, schedule=schedule)
   history = net.fit(split.x_train, split.y_train, batch_size=batch_size,
                     epochs=epochs, verbose=verbose, shuffle=True,
-                    validation_data=None,
                     callbacks=[sampler] + list(callbacks))
   return net, history, sampler
 
