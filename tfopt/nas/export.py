@@ -41,22 +41,13 @@ class SubgraphExport:
 def _with_recalibrated_bn(net, arch, x_cal):
   """`net.subnet(arch)` with BatchNorm statistics re-estimated on `x_cal`;
   the super-network's path and statistics are restored."""
-  from tfopt.nas.ranking import (_batch_norms,  # pylint: disable=import-outside-toplevel
-                                 path_blocks, recalibrate_batchnorm)
-  norms = _batch_norms(path_blocks(net, arch))
-  saved = [(bn.moving_mean.numpy(), bn.moving_variance.numpy())
-           for bn in norms]
-  original = net.arch()
-  try:
+  from tfopt.nas.ranking import (path_blocks,  # pylint: disable=import-outside-toplevel
+                                 preserved_state, recalibrate_batchnorm)
+  with preserved_state(net, path_blocks(net, arch)):
     net.set_arch(arch)
     if x_cal is not None:
       recalibrate_batchnorm(net, x_cal)
     return net.subnet(arch)
-  finally:
-    net.set_arch(original)
-    for bn, (mean, var) in zip(norms, saved):
-      bn.moving_mean.assign(mean)
-      bn.moving_variance.assign(var)
 
 
 def export_subgraph(net, arch, directory: str, x_cal=None, probe=None,

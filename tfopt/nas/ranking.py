@@ -18,6 +18,7 @@ containing it and how many there were.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 
 import keras
@@ -54,6 +55,25 @@ def path_blocks(net, arch) -> list:
   arch = net.space.check_arch(arch)
   return [net.stem] + [candidates[layer.op_names.index(op)] for op, candidates,
                        layer in zip(arch, net.choices, net.space.layers)]
+
+
+@contextlib.contextmanager
+def preserved_state(net, blocks=None):
+  """Restores the active path and the moving statistics of the BatchNorm
+  layers in `blocks` (default: every block of `net`) on exit."""
+  if blocks is None:
+    blocks = [net.stem] + [b for c in net.choices for b in c]
+  norms = _batch_norms(blocks)
+  saved = [(bn.moving_mean.numpy(), bn.moving_variance.numpy())
+           for bn in norms]
+  original = net.arch()
+  try:
+    yield
+  finally:
+    net.set_arch(original)
+    for bn, (mean, var) in zip(norms, saved):
+      bn.moving_mean.assign(mean)
+      bn.moving_variance.assign(var)
 
 
 def recalibrate_batchnorm(net, x_cal, batch_size: int = 64) -> None:
@@ -103,7 +123,7 @@ STRATEGIES = ("auto", "exhaustive", "random", "evolution")
 SCORES = {"accuracy": accuracy, "log_likelihood": log_likelihood}
 
 
-def _candidates_random(space, draw, admits, samples, rng):
+def _candidates_random(draw, samples, rng):
   seen: dict = {}
   for _ in range(50 * samples):  # distinct draws; a small region runs dry
     if len(seen) >= samples:
@@ -121,8 +141,7 @@ def _evolve(space, draw, admits, samples, rng, score, population=16,
   allowed = space.allowed_ops()
   evaluated = {}
   alive = []
-  for arch in _candidates_random(space, draw, admits, min(population,
-                                                          samples), rng):
+  for arch in _candidates_random(draw, min(population, samples), rng):
     evaluated[arch] = score(arch)
     alive.append(arch)
   stale = 0
@@ -179,12 +198,7 @@ def rank(net, x_cal, x_val, y_val, allowed=None, max_exhaustive: int = 256,
                            y_val.shape)
   space = net.space
   if constraints is None:
-    space.allowed_ops(allowed)  # a clear error for a bad restriction
-    constraints = Constraints(remove={
-        layer.name: [op for op in layer.op_names
-                     if op not in (allowed or {}).get(layer.name,
-                                                      layer.op_names)]
-        for layer in space.layers if layer.name in (allowed or {})})
+    constraints = Constraints.from_allowed(space, allowed)
   elif not isinstance(constraints, Constraints):
     raise invalid_argument("constraints", "a tfopt.nas.Constraints",
                            type(constraints).__name__)
@@ -198,10 +212,6 @@ def rank(net, x_cal, x_val, y_val, allowed=None, max_exhaustive: int = 256,
     raise invalid_argument("strategy", "'random' or 'evolution' for a space "
                            "this large", strategy)
   rng = np.random.default_rng(seed)
-  original = net.arch()
-  norms = _batch_norms([net.stem] + [b for c in net.choices for b in c])
-  saved = [(bn.moving_mean.numpy(), bn.moving_variance.numpy())
-           for bn in norms]
   budget = len(admitted) if strategy == "exhaustive" else samples
   if admitted is not None:
     budget = min(budget, len(admitted))
@@ -219,19 +229,14 @@ def rank(net, x_cal, x_val, y_val, allowed=None, max_exhaustive: int = 256,
         bar.update(min(len(cache), budget))
     return cache[arch]
 
-  try:
+  with preserved_state(net):  # the super-network as it was
     if strategy == "exhaustive":
       candidates = admitted
     elif strategy == "random":
-      candidates = _candidates_random(space, draw, admits, budget, rng)
+      candidates = _candidates_random(draw, budget, rng)
     else:
       candidates = _evolve(space, draw, admits, budget, rng, evaluate)
     scores = [(arch, evaluate(arch)) for arch in candidates]
-  finally:
-    net.set_arch(original)
-    for bn, (mean, var) in zip(norms, saved):  # the super-network as it was
-      bn.moving_mean.assign(mean)
-      bn.moving_variance.assign(var)
   scores.sort(key=lambda item: (-item[1], space.index(item[0])))
   allowed_ops = space.allowed_ops(constraints.allowed_ops(space))
   components = {}

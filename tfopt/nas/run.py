@@ -38,6 +38,16 @@ FILES = {"manifest": "run.json", "space": "space.json",
          "curves": "curves.png", "html": "report.html", "export": "export"}
 
 
+# Spaces up to this size are listed (CSV, scatterplot) whole; larger ones
+# by their ranked sub-graphs.
+_LIST_ALL_UP_TO = 4096
+
+
+def _listed_archs(space: SearchSpace, scores: dict) -> list:
+  return (list(space.enumerate()) if space.size <= _LIST_ALL_UP_TO else
+          sorted(scores, key=space.index))
+
+
 class RunDir:
   """The files of one search (see the module doc)."""
 
@@ -180,8 +190,7 @@ class RunDir:
     list, else the ranked ones) and components.csv."""
     from tfopt.nas.views import statuses  # pylint: disable=import-outside-toplevel
     scores = dict(ranking.scores)
-    archs = (list(space.enumerate()) if space.size <= 4096 else
-             sorted(scores, key=space.index))
+    archs = _listed_archs(space, scores)
     status = statuses(space, archs, constraints)
     names = [l.name for l in space.layers]
     self._write_csv("subgraphs", ["index"] + names + [
@@ -224,8 +233,7 @@ class RunDir:
     Returns the paths written."""
     from tfopt.nas import views  # pylint: disable=import-outside-toplevel
     scores = dict(ranking.scores) if ranking is not None else {}
-    archs = (list(space.enumerate()) if space.size <= 4096 else
-             sorted(scores, key=space.index))
+    archs = _listed_archs(space, scores)
     if not archs:
       return []
     coords = views.hamming_mds(space, archs)

@@ -101,10 +101,7 @@ class PathSampler(keras.callbacks.Callback):
       constraints = self.constraints
       if constraints is None and self.allowed:
         from tfopt.nas.steering import Constraints  # pylint: disable=import-outside-toplevel
-        space.allowed_ops(self.allowed)
-        constraints = Constraints(remove={
-            name: [op for op in space.layer(name).op_names if op not in ops]
-            for name, ops in self.allowed.items()})
+        constraints = Constraints.from_allowed(space, self.allowed)
       self.model.set_sampling(constraints)
       self._draw = None
     elif self.schedule == "fair":

@@ -209,6 +209,15 @@ class Constraints:
     self._edit(space, "limits", change, max_params=max_params,
                min_params=min_params)
 
+  @classmethod
+  def from_allowed(cls, space: SearchSpace, allowed) -> "Constraints":
+    """The constraints that a per-layer `allowed` restriction ({layer: op
+    names}, None = everything) means: the other ops removed."""
+    space.allowed_ops(allowed)  # a clear error for a bad restriction
+    return cls(remove={
+        name: [op for op in space.layer(name).op_names if op not in ops]
+        for name, ops in (allowed or {}).items()})
+
   # Meaning -------------------------------------------------------------
   def allowed_ops(self, space: SearchSpace) -> dict:
     """{layer: allowed op names} for every layer remove/lock restrict."""
