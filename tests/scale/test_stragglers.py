@@ -2,6 +2,7 @@
 collective makes everyone wait for the latest worker), and the recorder on
 a real fit with an injected host delay."""
 
+import json
 import time
 
 import keras
@@ -97,3 +98,44 @@ def test_chrome_trace_of_two_workers(tmp_path):
   assert names == ["worker0", "worker1"]
   with pytest.raises(ValueError, match="Argument `workers`"):
     chrome_trace(str(tmp_path / "u.json"), {})
+
+
+def test_monitor_exchanges_phases_and_writes_scalars(tmp_path):
+  """Two monitors (workers 0 and 1) in one directory, fed simulated phases
+  in lockstep: the chief's verdict per exchange names worker 1, and the
+  TensorBoard scalars hold the lateness per worker."""
+  import tensorflow as tf
+  from tfopt.scale.stragglers import StragglerMonitor
+  host, in_step = _simulate(workers=2, steps=40, slow=1, delay=0.010)
+  tb = tmp_path / "tb"
+  monitors = [StragglerMonitor(tmp_path / "phases", w, 2, exchange_every=10,
+                               tensorboard_dir=str(tb)) for w in (1, 0)]
+  for step in range(40):
+    for m in monitors:  # worker 1 flushes first, then the chief reads
+      w = m.worker
+      m.host_gap.append(host[w, step])
+      m.in_step.append(in_step[w, step])
+      m.begin_wall.append(1000.0 + step * 0.03)
+      m.maybe_exchange()
+  for m in monitors:
+    m.on_train_end()
+  chief = monitors[1]
+  assert [r["stragglers"] for r in chief.reports] == [[1]] * 4
+  assert all(9 < r["late_ms"][1] < 11 and r["late_ms"][0] < 0
+             for r in chief.reports)
+  assert chief.report.stragglers == [1]
+  assert (tmp_path / "phases" / "heatmap.png").exists()
+  trace = json.loads((tmp_path / "phases" / "trace.json").read_text())
+  assert sum(e["name"] == "step" for e in trace["traceEvents"]) == 80
+  values = {}
+  for path in tb.iterdir():
+    for record in tf.data.TFRecordDataset(str(path)):
+      event = tf.compat.v1.Event.FromString(record.numpy())
+      for v in event.summary.value:
+        values.setdefault(v.tag, []).append(
+            float(tf.make_ndarray(v.tensor)))
+  assert len(values["stragglers/late_ms/worker_1"]) == 4
+  assert min(values["stragglers/late_ms/worker_1"]) > 9
+  assert max(values["stragglers/flagged/worker_0"]) == 0
+  with pytest.raises(ValueError, match="Argument `exchange_every`"):
+    StragglerMonitor(tmp_path, 0, 2, exchange_every=1)

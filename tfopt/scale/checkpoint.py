@@ -49,11 +49,12 @@ class Restored:
 
 
 def _variables(model) -> list:
-  """(key, variable) of the model's weights and, if built, its optimizer's,
-  keyed by position: Keras uniquifies names per process ("dense_3"), so
+  """(key, variable) of the model's variables (weights and the layers' seed
+  generator states, so dropout draws the same masks after a restore) and,
+  if built, its optimizer's, keyed by position: Keras uniquifies names per process ("dense_3"), so
   the same model built again has other variable paths but the same order
   and shapes."""
-  out = [(f"model/{i:06d}", v) for i, v in enumerate(model.weights)]
+  out = [(f"model/{i:06d}", v) for i, v in enumerate(model.variables)]
   optimizer = getattr(model, "optimizer", None)
   if optimizer is not None and getattr(optimizer, "built", False):
     out += [(f"optimizer/{i:06d}", v)

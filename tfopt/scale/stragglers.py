@@ -15,8 +15,10 @@ per batch, with wall-clock begin times; `chrome_trace` merges several
 workers' records into one Chrome trace JSON (chrome://tracing, Perfetto,
 TensorBoard's trace viewer), one row per worker. `detect(host_gap, in_step)` takes [workers, steps] arrays and
 scores each worker per step:
-- relative score: the worker's host gap minus the median host gap of all
-  workers at that step (seconds late);
+- relative score: the worker's host gap minus the median host gap of the
+  *other* workers at that step (seconds late; leaving the worker out keeps
+  the full delay visible with 2 workers, where the median of all would
+  halve it);
 - individual score: the worker's host gap over its own median (how much
   worse than usual);
 and names a worker a straggler when its relative lateness exceeds
@@ -27,6 +29,8 @@ and names a worker a straggler when its relative lateness exceeds
 from __future__ import annotations
 
 import dataclasses
+import json
+import os
 import time
 
 import keras
@@ -60,7 +64,9 @@ def detect(host_gap, in_step, threshold_s: float = 0.005,
   if not 0 < min_fraction <= 1:
     raise invalid_argument("min_fraction", "a fraction in (0, 1]",
                            min_fraction)
-  lateness = host_gap - np.median(host_gap, axis=0, keepdims=True)
+  others = np.stack([np.median(np.delete(host_gap, w, axis=0), axis=0)
+                     for w in range(host_gap.shape[0])])
+  lateness = host_gap - others
   own = np.median(host_gap, axis=1, keepdims=True)
   individual = host_gap / np.maximum(own, 1e-9)
   median_step = float(np.median(host_gap + in_step))
@@ -108,6 +114,156 @@ class StepPhaseRecorder(keras.callbacks.Callback):
     self.in_step.append(self._last_end - self._begin)
 
 
+class StragglerMonitor(StepPhaseRecorder):
+  """Records this worker's step phases and exchanges them every
+  `exchange_every` steps through `directory` (one JSON-lines file per
+  worker: attempt, step, host gap, in-step, begin time; appended, so a
+  shared filesystem is all the workers need). The chief (worker 0) then
+  reads every worker's records of the same steps, runs `detect` on the
+  last window, appends the verdict to `<directory>/reports.jsonl` (step,
+  time, stragglers, lateness per worker) and, with `tensorboard_dir`,
+  writes the scalars `stragglers/late_ms/worker_<w>` and
+  `stragglers/flagged/worker_<w>`. At the end of training the chief scores
+  the whole run (`report`) and writes `heatmap.png` and `trace.json` (the
+  merged Chrome trace) into `directory`.
+
+  `async_safe = False` (inherited): the clock is read at batch begin/end.
+  """
+
+  def __init__(self, directory: str, worker: int, workers: int,
+               exchange_every: int = 50, attempt: int = 0,
+               tensorboard_dir: str | None = None, **detect_kwargs):
+    super().__init__()
+    if isinstance(exchange_every, bool) or not isinstance(
+        exchange_every, int) or exchange_every < 2:
+      raise invalid_argument("exchange_every", "an integer >= 2",
+                             exchange_every)
+    if not 0 <= worker < workers:
+      raise invalid_argument("worker", f"in [0, workers={workers})", worker)
+    self.directory = os.fspath(directory)
+    os.makedirs(self.directory, exist_ok=True)
+    self.worker, self.workers = int(worker), int(workers)
+    self.exchange_every = exchange_every
+    self.attempt = int(attempt)
+    self.detect_kwargs = detect_kwargs
+    self.reports: list = []      # the chief's verdict per exchange
+    self.report = None           # the chief's verdict on the whole run
+    self._flushed = 0
+    self._writer = None
+    self._tensorboard_dir = tensorboard_dir
+
+  def _path(self, worker: int) -> str:
+    return os.path.join(self.directory, f"worker-{worker}.jsonl")
+
+  def on_train_batch_end(self, batch, logs=None):
+    super().on_train_batch_end(batch, logs)
+    self.maybe_exchange()
+
+  def maybe_exchange(self) -> None:
+    """Flushes and (chief) scores once `exchange_every` new steps exist."""
+    if len(self.in_step) - self._flushed >= self.exchange_every:
+      self._flush()
+      if self.worker == 0:
+        self._exchange()
+
+  def on_train_end(self, logs=None):
+    self._flush()
+    if self.worker == 0 and self.workers > 1:
+      aligned = self._read_all()
+      if aligned is not None:
+        self.report = detect(aligned[0], aligned[1], **self.detect_kwargs)
+        heatmap_png(os.path.join(self.directory, "heatmap.png"),
+                    self.report, overwrite=True)
+        chrome_trace(os.path.join(self.directory, "trace.json"),
+                     {f"worker {w}": rec for w, rec in
+                      enumerate(aligned[2])}, overwrite=True)
+
+  def _flush(self) -> None:
+    lines = [json.dumps({"attempt": self.attempt, "step": i,
+                         "gap": self.host_gap[i], "in_step": self.in_step[i],
+                         "begin": self.begin_wall[i]})
+             for i in range(self._flushed, len(self.in_step))]
+    if lines:
+      with open(self._path(self.worker), "a", encoding="utf-8") as f:
+        f.write("\n".join(lines) + "\n")
+    self._flushed = len(self.in_step)
+
+  def _read_all(self):
+    """[workers, steps] host gaps and in-step times of the steps every
+    worker has flushed (this attempt), and per-worker recorders for the
+    trace; None before every worker flushed once."""
+    per_worker = []
+    for w in range(self.workers):
+      records = {}
+      try:
+        with open(self._path(w), encoding="utf-8") as f:
+          for line in f:
+            try:
+              rec = json.loads(line)
+            except ValueError:
+              continue  # a line being written right now
+            if rec.get("attempt") == self.attempt:
+              records[rec["step"]] = rec
+      except OSError:
+        return None
+      per_worker.append(records)
+    common = sorted(set.intersection(*(set(r) for r in per_worker)))
+    if not common:
+      return None
+    gap = np.array([[r[s]["gap"] for s in common] for r in per_worker])
+    run = np.array([[r[s]["in_step"] for s in common] for r in per_worker])
+    recorders = [_Phases([r[s]["begin"] for s in common],
+                         [r[s]["gap"] for s in common],
+                         [r[s]["in_step"] for s in common])
+                 for r in per_worker]
+    return gap, run, recorders, common
+
+  def _exchange(self) -> None:
+    if self.workers < 2:
+      return
+    aligned = self._read_all()
+    if aligned is None:
+      return
+    gap, run, _, common = aligned
+    window = slice(-self.exchange_every, None)
+    report = detect(gap[:, window], run[:, window], **self.detect_kwargs)
+    step = common[-1]
+    entry = {"step": step, "time": time.time(),
+             "stragglers": report.stragglers,
+             "late_ms": [float(x) for x in
+                         1e3 * np.median(report.lateness, axis=1)],
+             "flagged": [float(x) for x in report.fraction]}
+    self.reports.append(entry)
+    with open(os.path.join(self.directory, "reports.jsonl"), "a",
+              encoding="utf-8") as f:
+      f.write(json.dumps(entry) + "\n")
+    if self._tensorboard_dir:
+      self._scalars(entry)
+
+  def _scalars(self, entry: dict) -> None:
+    import tensorflow as tf  # pylint: disable=import-outside-toplevel
+    if self._writer is None:
+      self._writer = tf.summary.create_file_writer(self._tensorboard_dir)
+    # tf.summary.scalar needs the tensorboard package; the core op with
+    # the scalars plugin's metadata writes the same event without it.
+    metadata = tf.compat.v1.SummaryMetadata()
+    metadata.plugin_data.plugin_name = "scalars"
+    with self._writer.as_default(step=entry["step"]):
+      for w in range(self.workers):
+        for name in ("late_ms", "flagged"):
+          tf.summary.write(f"stragglers/{name}/worker_{w}",
+                           tf.constant(entry[name][w], tf.float32),
+                           metadata=metadata)
+    self._writer.flush()
+
+
+@dataclasses.dataclass
+class _Phases:
+  begin_wall: list
+  host_gap: list
+  in_step: list
+
+
 def chrome_trace(path: str, workers: dict, overwrite: bool = False) -> dict:
   """Writes a Chrome trace of the workers' step phases.
 
@@ -117,7 +273,6 @@ def chrome_trace(path: str, workers: dict, overwrite: bool = False) -> dict:
   begin) and "step" (from its begin, for its in-step time). Timestamps are
   wall-clock, so traces of several processes line up. Returns the trace.
   """
-  import json  # pylint: disable=import-outside-toplevel
   if not isinstance(workers, dict) or not workers:
     raise invalid_argument("workers", "a non-empty {name: recorder} dict",
                            workers)
@@ -150,7 +305,7 @@ def heatmap_png(path: str, report: StragglerReport,
   fig, ax = plt.subplots(figsize=(8, 1.2 + 0.4 * len(report.lateness)))
   image = ax.imshow(report.lateness * 1e3, aspect="auto", cmap="magma",
                     interpolation="nearest")
-  fig.colorbar(image, ax=ax, label="ms later than the median worker")
+  fig.colorbar(image, ax=ax, label="ms later than the median of the others")
   ax.set_xlabel("step")
   ax.set_ylabel("worker")
   ax.set_title("stragglers: " + (", ".join(f"worker {w}" for w in

@@ -1,0 +1,161 @@
+"""A small data-parallel training job for `tfopt.scale.launch`.
+
+    python -m tfopt.scale.launch --workers=2 -- experiments/scale_train.py \
+        --epochs=3 --steps_per_epoch=20
+
+Every worker builds the same model under MultiWorkerMirroredStrategy
+(`tfopt.scale.worker.make_strategy`), trains it with the resumable
+`tfopt.scale.worker.fit` (two-stage checkpoints every `--checkpoint_every`
+steps, heartbeats, preemption, input position restored after a restart)
+and writes `<run_dir>/final-worker-<i>.json`: the loss of the final model
+on a fixed evaluation batch and a SHA-256 of its weights, so runs with and
+without faults can be compared exactly. Run without the launcher it trains
+as one process (worker 0 of 1; `--run_dir` then holds its files).
+
+Test hooks (all default off): `--stuck=W:S` makes worker W hang before
+step S of the first attempt (alive, heartbeating, not training), and
+`--delay_ms=W:MS` (or `W:PCT%`) adds host time before every step of worker
+W (a straggler). `--stragglers` records step phases and exchanges them
+every `--exchange_every` steps (`tfopt.scale.stragglers.StragglerMonitor`).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import time
+
+from absl import app, flags
+
+FLAGS = flags.FLAGS
+flags.DEFINE_integer("epochs", 3, "Epochs.")
+flags.DEFINE_integer("steps_per_epoch", 20, "Global batches per epoch.")
+flags.DEFINE_integer("batch", 32, "Global batch size.")
+flags.DEFINE_integer("width", 64, "Hidden width of the MLP.")
+flags.DEFINE_float("dropout", 0.1, "Dropout rate (0 for runs compared with "
+                   "a single process at the same global batch).")
+flags.DEFINE_integer("checkpoint_every", 5, "Steps between checkpoints.")
+flags.DEFINE_integer("seed", 0, "Seed of data and weights.")
+flags.DEFINE_string("run_dir", None, "Run directory when not launched.")
+flags.DEFINE_string("stuck", None, "W:S: worker W hangs before step S "
+                    "(first attempt only).")
+flags.DEFINE_string("delay_ms", None, "W:MS or W:PCT%: extra host time per "
+                    "step on worker W.")
+flags.DEFINE_bool("stragglers", False, "Record and exchange step phases.")
+flags.DEFINE_integer("exchange_every", 10, "Steps between exchanges.")
+
+
+def _dataset_fn(tf, np):
+  rng = np.random.RandomState(FLAGS.seed)
+  n = FLAGS.batch * FLAGS.steps_per_epoch
+  x = rng.randn(n, 16).astype("float32")
+  w = rng.randn(16, 1).astype("float32")
+  y = np.tanh(x @ w) + 0.1 * rng.randn(n, 1).astype("float32")
+
+  def dataset_fn(epoch):
+    # The epoch's order from NumPy: tf.data's shuffle seeds give another
+    # order under a distribution strategy than in one process.
+    order = np.random.RandomState(FLAGS.seed * 1000 + epoch).permutation(n)
+    ds = tf.data.Dataset.from_tensor_slices((x[order], y[order]))
+    return ds.batch(FLAGS.batch, drop_remainder=True)
+
+  return dataset_fn, (x[:256], y[:256])
+
+
+class _Hooks:
+  """The test hooks as a Keras callback (host-side, like a slow input
+  pipeline or a wedged Python thread would be)."""
+
+  def __init__(self, keras, env):
+    hooks = self
+    self.delay_s, self.delay_pct = 0.0, 0.0
+    if FLAGS.delay_ms:
+      who, amount = FLAGS.delay_ms.split(":")
+      if int(who) == env.worker:
+        if amount.endswith("%"):
+          self.delay_pct = float(amount[:-1]) / 100
+        else:
+          self.delay_s = float(amount) / 1000
+    self.stuck_at = None
+    if FLAGS.stuck and env.attempt == 0:
+      who, step = FLAGS.stuck.split(":")
+      if int(who) == env.worker:
+        self.stuck_at = int(step)
+
+    class Callback(keras.callbacks.Callback):
+      async_safe = False
+
+      def __init__(self):
+        super().__init__()
+        self.step = 0
+        self.last = None
+
+      def on_train_batch_begin(self, batch, logs=None):
+        self.step += 1
+        if hooks.stuck_at is not None and self.step >= hooks.stuck_at:
+          while True:  # alive, heartbeating, never training again
+            time.sleep(3600)
+        if hooks.delay_s:
+          time.sleep(hooks.delay_s)
+        elif hooks.delay_pct and self.last:
+          time.sleep(hooks.delay_pct * self.last)
+        self._begin = time.perf_counter()
+
+      def on_train_batch_end(self, batch, logs=None):
+        self.last = time.perf_counter() - self._begin
+
+    self.callback = Callback()
+
+
+def main(argv):
+  del argv
+  import numpy as np  # pylint: disable=import-outside-toplevel
+  import tfopt  # noqa: F401  pylint: disable=import-outside-toplevel,unused-import
+  import tensorflow as tf  # pylint: disable=import-outside-toplevel
+  import keras  # pylint: disable=import-outside-toplevel
+  from tfopt.scale import worker  # pylint: disable=import-outside-toplevel
+
+  env = worker.WorkerEnv.from_environ()
+  if env.run_dir is None and FLAGS.run_dir:
+    env = worker.WorkerEnv(run_dir=os.path.abspath(FLAGS.run_dir))
+  strategy = worker.make_strategy(env)
+  keras.utils.set_random_seed(FLAGS.seed)
+  dataset_fn, (x_eval, y_eval) = _dataset_fn(tf, np)
+  with strategy.scope():
+    model = keras.Sequential([
+        keras.Input((16,)),
+        keras.layers.Dense(FLAGS.width, activation="relu"),
+        keras.layers.Dropout(FLAGS.dropout, seed=FLAGS.seed),
+        keras.layers.Dense(FLAGS.width, activation="relu"),
+        keras.layers.Dense(1)])
+    model.compile(optimizer=keras.optimizers.Adam(1e-3), loss="mse")
+  callbacks = [_Hooks(keras, env).callback]
+  if FLAGS.stragglers and env.run_dir:
+    from tfopt.scale.stragglers import StragglerMonitor  # pylint: disable=import-outside-toplevel
+    callbacks.append(StragglerMonitor(
+        os.path.join(env.run_dir, "phases"), env.worker, env.workers,
+        exchange_every=FLAGS.exchange_every, attempt=env.attempt))
+  result = worker.fit(model, dataset_fn, epochs=FLAGS.epochs,
+                      steps_per_epoch=FLAGS.steps_per_epoch,
+                      checkpoint_every=FLAGS.checkpoint_every,
+                      callbacks=callbacks, env=env)
+  loss = float(keras.ops.mean(keras.ops.square(
+      model(x_eval, training=False) - y_eval)))
+  digest = hashlib.sha256()
+  for w in model.get_weights():
+    digest.update(np.ascontiguousarray(w).tobytes())
+  summary = {"worker": env.worker, "attempt": env.attempt,
+             "global_step": result.global_step,
+             "resumed_from": result.resumed_from, "final_loss": loss,
+             "weights_sha256": digest.hexdigest()}
+  if env.run_dir:
+    from tfopt._io import atomic_write_text  # pylint: disable=import-outside-toplevel
+    atomic_write_text(os.path.join(env.run_dir,
+                                   f"final-worker-{env.worker}.json"),
+                      json.dumps(summary), overwrite=True)
+  print(json.dumps(summary))
+
+
+if __name__ == "__main__":
+  app.run(main)

@@ -1,0 +1,50 @@
+"""A TensorFlow-free stand-in for a launched worker (fast launcher tests).
+
+    python fake_worker.py MODE [STEPS]
+
+Writes heartbeats like `tfopt.scale.worker.fit` (through HeartbeatWriter)
+and "trains" STEPS steps of 20 ms. MODE: ok; import_error (fails before
+any step); exit3 (exits with 3 after step 5); stall (stops stepping after
+step 5, keeps beating: alive but stuck); port (prints TensorFlow's bind
+error and exits 1 after step 1); preempt_aware (exits 75 on SIGTERM).
+"""
+
+import os
+import signal
+import sys
+import time
+
+
+def main(mode: str, steps: int) -> int:
+  if mode == "import_error":
+    raise ImportError("No module named 'not_a_module'")
+  from tfopt.scale import heartbeat, protocol  # pylint: disable=import-outside-toplevel
+  run_dir = os.environ[protocol.ENV_RUN_DIR]
+  worker = int(os.environ[protocol.ENV_WORKER])
+  attempt = int(os.environ[protocol.ENV_ATTEMPT])
+  beat = heartbeat.HeartbeatWriter(os.path.join(run_dir, "heartbeats"),
+                                   worker, interval_s=0.1,
+                                   attempt=attempt).start()
+  terminated = []
+  signal.signal(signal.SIGTERM, lambda *_: terminated.append(1))
+  for step in range(1, steps + 1):
+    beat.begin_step()
+    time.sleep(0.02)
+    beat.end_step(step)
+    if terminated:
+      beat.stop()
+      return protocol.PREEMPTED_EXIT
+    if mode == "exit3" and step == 5:
+      return 3
+    if mode == "port" and step == 1:
+      print("E0000 grpc_server_lib: Address already in use")
+      return 1
+    if mode == "stall" and step == 5 and attempt == 0:
+      while True:
+        time.sleep(1)
+  beat.stop()
+  return 0
+
+
+if __name__ == "__main__":
+  sys.exit(main(sys.argv[1], int(sys.argv[2]) if len(sys.argv) > 2 else 30))

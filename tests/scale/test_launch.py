@@ -1,0 +1,141 @@
+"""The launcher on TensorFlow-free workers (tests/scale/fake_worker.py):
+failure detection and classification, restarts and their budget, bad
+input, the trajectory stitched from step logs (hand-computed)."""
+
+import json
+import os
+import signal
+import socket
+import sys
+
+import pytest
+
+from tfopt.scale.launch import (Fault, LaunchError, LaunchResult, free_ports,
+                                launch, main)
+
+FAKE = os.path.join(os.path.dirname(os.path.abspath(__file__)),
+                    "fake_worker.py")
+FAST = dict(backoff_s=0.05, heartbeat_s=0.1, heartbeat_timeout_s=1.0,
+            min_stuck_s=1.0, stuck_factor=5.0, poll_s=0.02)
+
+
+def _failures(result):
+  return [(a["failure"]["kind"], a["failure"]["worker"])
+          for a in result.attempts if a["failure"]]
+
+
+def test_clean_run_and_record(tmp_path):
+  result = launch([FAKE, "ok", "10"], workers=2, run_dir=tmp_path, **FAST)
+  assert result.ok and len(result.attempts) == 1
+  record = json.loads((tmp_path / "launch.json").read_text())
+  assert record["ok"] and record["attempts"][0]["last_step"] == 10
+  assert len(set(record["attempts"][0]["ports"])) == 2
+
+
+@pytest.mark.parametrize("kind,expected", [("kill", "killed"),
+                                           ("stop", "stopped")])
+def test_signal_faults_are_detected_named_and_restarted(tmp_path, kind,
+                                                        expected):
+  result = launch([FAKE, "ok", "40"], workers=2, run_dir=tmp_path,
+                  faults=[f"{kind}:1:5"], **FAST)
+  assert result.ok
+  assert _failures(result) == [(expected, 1)]
+  fault = result.attempts[0]["faults"][0]
+  assert fault["worker"] == 1 and fault["at_step"] >= 5
+  detected = result.attempts[0]["failure"]["detected_at"] - fault["time"]
+  # A kill is seen at the next poll; a stop when the beat is stale.
+  assert detected < (0.5 if kind == "kill" else 2.5)
+  assert result.attempts[1]["outcome"] == "success"
+
+
+def test_alive_but_stuck_worker_is_named(tmp_path):
+  result = launch([FAKE, "stall", "20"], workers=2, run_dir=tmp_path,
+                  **FAST)
+  assert result.ok
+  (kind, worker), = _failures(result)
+  assert kind == "stuck"
+  # Both fake workers stall at step 5 in the host phase; the report lists
+  # both with their phases.
+  assert worker in (0, 1)
+  assert "phase host" in result.attempts[0]["failure"]["detail"]
+
+
+def test_import_error_is_not_restarted(tmp_path):
+  with pytest.raises(LaunchError, match="(?s)before its first step.*not "
+                     "restarting.*not_a_module") as err:
+    launch([FAKE, "import_error"], workers=2, run_dir=tmp_path, **FAST)
+  assert len(err.value.result.attempts) == 1
+
+
+def test_restart_budget_and_classification(tmp_path):
+  with pytest.raises(LaunchError, match=r"Restart budget spent "
+                     r"\(max_restarts=2\).*crashed") as err:
+    launch([FAKE, "exit3"], workers=2, run_dir=tmp_path, max_restarts=2,
+           **FAST)
+  assert len(err.value.result.attempts) == 3
+  result = None
+  with pytest.raises(LaunchError) as err:
+    launch([FAKE, "port"], workers=2, run_dir=tmp_path / "p",
+           max_restarts=1, **FAST)
+  result = err.value.result
+  assert [f[0] for f in _failures(result)] == ["port in use"] * 2
+  # every attempt got fresh ports
+  assert result.attempts[0]["ports"] != result.attempts[1]["ports"]
+
+
+def test_sigterm_is_a_preemption_that_restarts(tmp_path):
+  result = launch([FAKE, "ok", "40"], workers=2, run_dir=tmp_path,
+                  faults=["term:0:5"], **FAST)
+  assert result.ok
+  assert _failures(result) == [("preempted", None)]
+
+
+def test_bad_input(tmp_path):
+  with pytest.raises(ValueError, match="Argument `workers` must be a "
+                     "positive integer. Received: workers=0"):
+    launch([FAKE, "ok"], workers=0)
+  with pytest.raises(FileNotFoundError, match="Argument `command`"):
+    launch([str(tmp_path / "missing.py")], workers=1)
+  with pytest.raises(ValueError, match="Argument `inject`"):
+    Fault.parse("explode:1:2")
+  with pytest.raises(ValueError, match="Argument `faults`"):
+    launch([FAKE, "ok"], workers=2, faults=["kill:5:1"])
+  with socket.socket() as busy:
+    busy.bind(("127.0.0.1", 0))
+    busy.listen()
+    port = busy.getsockname()[1]
+    with pytest.raises(ValueError, match=f"port {port} is in use"):
+      launch([FAKE, "ok"], workers=2, ports=[port, free_ports(1)[0]])
+  locked = tmp_path / "locked"
+  locked.mkdir()
+  locked.chmod(0o500)
+  try:
+    if not os.access(locked, os.W_OK):  # root may write anyway
+      with pytest.raises(PermissionError, match="Argument `run_dir`"):
+        launch([FAKE, "ok"], workers=1, run_dir=locked)
+  finally:
+    locked.chmod(0o700)
+  assert main(["--workers=0", "--", FAKE, "ok"]) == 2
+
+
+def test_trajectory_is_stitched_from_resume_points(tmp_path):
+  steps = tmp_path / "steps"
+  steps.mkdir()
+  lines = ([{"attempt": 0, "step": s, "loss": float(s)} for s in range(1, 13)]
+           + [{"attempt": 1, "step": s, "loss": 100.0 + s}
+              for s in range(11, 21)])
+  (steps / "worker-0.jsonl").write_text(
+      "\n".join(json.dumps(x) for x in lines) + "\n{\"attem")
+  attempts = [{"attempt": 0, "resumed_from": 0},
+              {"attempt": 1, "resumed_from": 10}]
+  t = LaunchResult(True, str(tmp_path), attempts).trajectory()
+  # attempt 0 gives 1..10, its 11 and 12 were thrown away; attempt 1 11..20
+  assert t["steps"] == 20 and t["lost"] == [] and t["repeated"] == []
+  assert t["recomputed"] == 2
+  assert t["loss"][10] == 10.0 and t["loss"][11] == 111.0
+  # a resume point past what was logged leaves a hole
+  attempts[1]["resumed_from"] = 12
+  (steps / "worker-0.jsonl").write_text("\n".join(
+      json.dumps(x) for x in lines if x["attempt"] == 0 or x["step"] > 14))
+  t = LaunchResult(True, str(tmp_path), attempts).trajectory()
+  assert t["lost"] == [13, 14]

@@ -1,0 +1,126 @@
+"""The resumable fit in one process: an interrupted run resumed from its
+checkpoint ends bit for bit where an uninterrupted one does (input position,
+optimizer, dropout RNG), and SIGTERM stops at the agreed step and saves."""
+
+import json
+import os
+import signal
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from tfopt.scale import worker
+from tfopt.scale.protocol import CONTROL
+
+X = np.random.RandomState(0).randn(96, 6).astype("float32")
+Y = np.tanh(X[:, :1] - X[:, 1:2])
+
+
+def dataset_fn(epoch):
+  return tf.data.Dataset.from_tensor_slices((X, Y)).shuffle(
+      96, seed=epoch).batch(8)
+
+
+def _model():
+  keras.utils.set_random_seed(1)
+  model = keras.Sequential([keras.Input((6,)),
+                            keras.layers.Dense(16, activation="relu"),
+                            keras.layers.Dropout(0.3, seed=2),
+                            keras.layers.Dense(1)])
+  model.compile(optimizer=keras.optimizers.Adam(0.01), loss="mse")
+  return model
+
+
+class _Crash(keras.callbacks.Callback):
+  def __init__(self, at):
+    super().__init__()
+    self.at, self.n = at, 0
+
+  def on_train_batch_end(self, batch, logs=None):
+    self.n += 1
+    if self.n == self.at:
+      raise RuntimeError("simulated crash")
+
+
+def _fit(run_dir, callbacks=(), **kwargs):
+  env = worker.WorkerEnv(run_dir=str(run_dir))
+  return worker.fit(_model(), dataset_fn, epochs=3, steps_per_epoch=12,
+                    checkpoint_every=4, callbacks=callbacks, env=env,
+                    **kwargs)
+
+
+def _weights(run_dir):
+  model = _model()
+  env = worker.WorkerEnv(run_dir=str(run_dir))
+  worker.fit(model, dataset_fn, epochs=3, steps_per_epoch=12, env=env)
+  return model.get_weights()
+
+
+def test_resume_mid_epoch_is_bit_exact(tmp_path):
+  reference = _weights(tmp_path / "clean")
+  with pytest.raises(RuntimeError, match="simulated crash"):
+    _fit(tmp_path / "crash", [_Crash(18)])  # step 18: epoch 1, batch 6
+  result = _fit(tmp_path / "crash")
+  assert result.resumed_from == 16  # the last checkpoint, mid-epoch 1
+  model = _model()
+  worker.fit(model, dataset_fn, epochs=3, steps_per_epoch=12,
+             env=worker.WorkerEnv(run_dir=str(tmp_path / "crash")))
+  for a, b in zip(model.get_weights(), reference):
+    np.testing.assert_array_equal(a, b)
+  # the step log: 1..18 from the crashed attempt, then 17..36
+  steps = [json.loads(line)["step"] for line in
+           (tmp_path / "crash" / "steps" / "worker-0.jsonl").open()]
+  assert steps[:18] == list(range(1, 19))
+  assert steps[18:38] == list(range(17, 37))
+
+
+def test_sigterm_stops_at_the_agreed_step_and_saves(tmp_path):
+  class Term(keras.callbacks.Callback):
+    def on_train_batch_end(self, batch, logs=None):
+      if batch == 4 and not hasattr(self, "sent"):
+        self.sent = True
+        os.kill(os.getpid(), signal.SIGTERM)
+
+  result = _fit(tmp_path, [Term()], exit_on_preemption=False)
+  # sent after step 5's check, seen after step 6: stop at 6 + margin 2
+  assert result.preempted and result.global_step == 8
+  control = json.loads((tmp_path / CONTROL).read_text())
+  assert control["stop_at_step"] == 8
+  assert "ckpt-8.npz" in os.listdir(tmp_path / "checkpoints")
+  assert signal.getsignal(signal.SIGTERM) is not None
+  with pytest.raises(SystemExit) as exit_info:
+    worker.fit(_model(), dataset_fn, epochs=1, steps_per_epoch=12,
+               env=worker.WorkerEnv(run_dir=str(tmp_path / "b")),
+               callbacks=[Term()])
+  assert exit_info.value.code == worker.PREEMPTED_EXIT
+
+
+def test_bad_input(tmp_path):
+  model = _model()
+  with pytest.raises(ValueError, match="Argument `dataset_fn`"):
+    worker.fit(model, dataset_fn(0), epochs=1, steps_per_epoch=2)
+  with pytest.raises(ValueError, match="Argument `steps_per_epoch`"):
+    worker.fit(model, dataset_fn, epochs=1, steps_per_epoch=0)
+  model.compile(optimizer="adam", loss="mse", steps_per_execution=4)
+  with pytest.raises(ValueError, match="steps_per_execution=1"):
+    worker.fit(model, dataset_fn, epochs=1, steps_per_epoch=2)
+  other = keras.Sequential([keras.Input((6,)), keras.layers.Dense(3),
+                            keras.layers.Dense(1)])
+  other.compile(optimizer="adam", loss="mse")
+  _fit(tmp_path)
+  with pytest.raises(ValueError, match="Argument `checkpoint` must be a "
+                     "checkpoint of this model"):
+    worker.fit(other, dataset_fn, epochs=1, steps_per_epoch=2,
+               env=worker.WorkerEnv(run_dir=str(tmp_path)))
+
+
+def test_env_from_environ():
+  env = worker.WorkerEnv.from_environ({
+      "TFOPT_WORKER": "1", "TFOPT_NUM_WORKERS": "2", "TFOPT_ATTEMPT": "3",
+      "TFOPT_RUN_DIR": "/r", "TFOPT_COLLECTIVE_TIMEOUT_S": "30"})
+  assert (env.worker, env.workers, env.attempt, env.run_dir,
+          env.collective_timeout_s, env.is_chief) == (1, 2, 3, "/r", 30.0,
+                                                       False)
+  assert worker.WorkerEnv.from_environ({}).is_chief

@@ -1,0 +1,593 @@
+"""Launcher: start N workers on loopback, watch them, restart on failure.
+
+    python -m tfopt.scale.launch --workers=2 [--max_restarts=3] \\
+        [--run_dir=DIR] [--inject=kill:1:20] -- train.py --flag=value
+
+or `launch(["train.py", ...], workers=2)` from Python. Per attempt it picks
+free loopback ports, writes each worker's `TF_CONFIG` (and the `TFOPT_*`
+variables `tfopt.scale.worker.WorkerEnv` reads), starts the workers in
+their own process groups with their output in
+`<run_dir>/logs/attempt-<k>/worker-<i>.log`, then watches:
+- exit codes (a worker killed or crashed: the survivors of a dead peer
+  fail within a second, so the first failure seen is the culprit),
+- heartbeats (`tfopt.scale.heartbeat`): a beat that stops (SIGSTOP shows as
+  process state T) or steps that stop advancing (alive but stuck, with the
+  report naming the worker outside the collective).
+On any failure it stops every worker at once (SIGCONT, then SIGKILL to the
+process group), classifies the failure (killed, stopped, heartbeat lost,
+stuck, OOM, port in use, crashed, preempted) from exit codes, process
+state and the log tails, and relaunches after an exponential backoff; the
+workers resume from the newest checkpoint. A restart budget bounds the
+loop; a script that fails before any step without a signal (an import
+error, a bad flag, an unwritable checkpoint directory) is not restarted,
+since it would fail again: the error shows its log tail. Later attempts get
+a collective timeout derived from the step times observed so far.
+
+The launcher never deletes anything; `<run_dir>/launch.json` records every
+attempt (ports, start, first step, failure, detection and teardown times,
+injected faults), and `result.trajectory()` stitches the per-step logs into
+the steps that made the final model (lost and repeated steps counted).
+SIGTERM to the launcher is passed on as a preemption: the workers agree on
+a step, checkpoint and exit, and the launcher exits with 75.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+
+from tfopt._errors import invalid_argument
+from tfopt._io import atomic_write_text
+from tfopt.scale import heartbeat as hb
+from tfopt.scale import protocol as wk
+
+FAULTS = {"kill": signal.SIGKILL, "stop": signal.SIGSTOP,
+          "term": signal.SIGTERM}
+RECORD = "launch.json"
+
+_OOM = re.compile(r"ResourceExhaustedError|MemoryError|[Oo]ut of memory|OOM")
+_PORT = re.compile(r"[Aa]ddress already in use|Failed to add port|"
+                   r"could not bind|bind\(\) failed")
+
+
+class LaunchError(RuntimeError):
+  """The job could not be completed (budget spent, or a failure that a
+  restart cannot fix); `result` has every attempt."""
+
+  def __init__(self, message: str, result: "LaunchResult"):
+    super().__init__(message)
+    self.result = result
+
+
+@dataclasses.dataclass(frozen=True)
+class Fault:
+  """Inject `kind` (kill = SIGKILL, stop = SIGSTOP, term = SIGTERM) into
+  `worker` once its heartbeat reports `step` in `attempt`."""
+  kind: str
+  worker: int
+  step: int
+  attempt: int = 0
+
+  @classmethod
+  def parse(cls, text: str) -> "Fault":
+    """'kind:worker:step[:attempt]'."""
+    parts = text.split(":")
+    try:
+      if len(parts) not in (3, 4) or parts[0] not in FAULTS:
+        raise ValueError
+      return cls(parts[0], *(int(p) for p in parts[1:]))
+    except ValueError:
+      raise invalid_argument(
+          "inject", f"'kind:worker:step[:attempt]' with kind one of "
+          f"{sorted(FAULTS)}", text) from None
+
+
+@dataclasses.dataclass
+class LaunchResult:
+  ok: bool
+  run_dir: str
+  attempts: list
+  preempted: bool = False
+
+  def trajectory(self, worker: int = 0) -> dict:
+    """Stitches `<run_dir>/steps/worker-<i>.jsonl` into the steps that made
+    the final state: attempt k contributes its steps after its resume point
+    up to the next attempt's resume point. Returns the per-step losses of
+    that trajectory, the steps missing from it (`lost`), the steps it has
+    twice (`repeated`) and the steps computed and thrown away
+    (`recomputed`)."""
+    path = os.path.join(self.run_dir, "steps", f"worker-{worker}.jsonl")
+    by_attempt: dict = {}
+    if os.path.exists(path):
+      with open(path, encoding="utf-8") as f:
+        for line in f:
+          try:
+            rec = json.loads(line)
+          except ValueError:
+            continue  # a line cut by a kill
+          by_attempt.setdefault(rec["attempt"], []).append(rec)
+    resumes = {a["attempt"]: a.get("resumed_from") for a in self.attempts}
+    order = sorted(by_attempt)
+    kept, recomputed = [], 0
+    for i, attempt in enumerate(order):
+      lo = resumes.get(attempt) or 0
+      hi = (resumes.get(order[i + 1]) if i + 1 < len(order) else None)
+      for rec in by_attempt[attempt]:
+        if rec["step"] > lo and (hi is None or rec["step"] <= hi):
+          kept.append(rec)
+        elif hi is not None and rec["step"] > hi:
+          recomputed += 1
+    steps = [r["step"] for r in kept]
+    last = max(steps, default=0)
+    seen = set(steps)
+    return {"steps": last, "loss": {r["step"]: r["loss"] for r in kept},
+            "lost": sorted(set(range(1, last + 1)) - seen),
+            "repeated": sorted({s for s in steps if steps.count(s) > 1}),
+            "recomputed": recomputed}
+
+
+def free_ports(count: int, host: str = "127.0.0.1") -> list:
+  """`count` distinct ports free right now (bound together, then released:
+  the OS does not hand the same one out twice meanwhile)."""
+  sockets = []
+  try:
+    for _ in range(count):
+      s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+      s.bind((host, 0))
+      sockets.append(s)
+    return [s.getsockname()[1] for s in sockets]
+  finally:
+    for s in sockets:
+      s.close()
+
+
+def _check_ports_free(ports, host: str = "127.0.0.1") -> None:
+  for port in ports:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+      try:
+        s.bind((host, port))
+      except OSError:
+        raise invalid_argument("ports", "free loopback ports (port "
+                               f"{port} is in use)", list(ports)) from None
+
+
+def _proc_state(pid: int) -> str | None:
+  """The process state letter from /proc (R, S, D, T = stopped, Z)."""
+  try:
+    with open(f"/proc/{pid}/stat", encoding="ascii") as f:
+      return f.read().rsplit(")", 1)[1].split()[0]
+  except (OSError, IndexError):
+    return None
+
+
+def _tail(path: str, limit: int = 4000) -> str:
+  try:
+    with open(path, "rb") as f:
+      f.seek(0, os.SEEK_END)
+      f.seek(max(0, f.tell() - limit))
+      return f.read().decode("utf-8", "replace")
+  except OSError:
+    return ""
+
+
+class _Attempt:
+  """One launch of all workers."""
+
+  def __init__(self, launcher, index: int):
+    self.launcher = launcher
+    self.index = index
+    self.procs: list = []
+    self.logs: list = []
+    self.record = {"attempt": index, "ports": None, "started": None,
+                   "first_step_s": None, "resumed_from": None,
+                   "outcome": None, "failure": None, "faults": [],
+                   "last_step": -1, "median_step_s": None}
+    self.watch = None
+
+  def start(self, ports) -> None:
+    l = self.launcher
+    log_dir = os.path.join(l.run_dir, "logs", f"attempt-{self.index}")
+    os.makedirs(log_dir, exist_ok=True)
+    cluster = {"worker": [f"127.0.0.1:{p}" for p in ports]}
+    self.record["ports"] = list(ports)
+    self.record["started"] = time.time()
+    self.watch = hb.ProgressWatch(
+        os.path.join(l.run_dir, "heartbeats"), l.workers,
+        timeout_s=l.heartbeat_timeout_s, stuck_factor=l.stuck_factor,
+        min_stuck_s=l.min_stuck_s, attempt=self.index)
+    for w in range(l.workers):
+      env = dict(os.environ)
+      env.update(l.env)
+      env.update({
+          "TF_CONFIG": json.dumps({"cluster": cluster,
+                                   "task": {"type": "worker", "index": w}}),
+          wk.ENV_RUN_DIR: l.run_dir, wk.ENV_WORKER: str(w),
+          wk.ENV_WORKERS: str(l.workers), wk.ENV_ATTEMPT: str(self.index),
+          wk.ENV_HEARTBEAT: str(l.heartbeat_s), "PYTHONUNBUFFERED": "1"})
+      if l.collective_timeout_s:
+        env[wk.ENV_TIMEOUT] = f"{l.collective_timeout_s:.1f}"
+      log = os.path.join(log_dir, f"worker-{w}.log")
+      self.logs.append(log)
+      with open(log, "ab") as out:
+        self.procs.append(subprocess.Popen(  # pylint: disable=consider-using-with
+            l.command, env=env, stdout=out, stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL, start_new_session=True))
+
+  def _inject(self) -> None:
+    for fault in self.launcher.faults:
+      if fault.attempt != self.index or fault in self.launcher.injected:
+        continue
+      beat = self.watch.beats.get(fault.worker)
+      if beat and beat["step"] >= fault.step and \
+          self.procs[fault.worker].poll() is None:
+        os.kill(self.procs[fault.worker].pid, FAULTS[fault.kind])
+        self.launcher.injected.add(fault)
+        self.record["faults"].append({
+            "kind": fault.kind, "worker": fault.worker,
+            "at_step": beat["step"], "time": time.time()})
+
+  def run(self) -> dict | None:
+    """Watches until all exit 0 (None) or a failure (returns it)."""
+    l = self.launcher
+    preempt_since = None
+    while True:
+      now = time.time()
+      codes = [p.poll() for p in self.procs]
+      running = [w for w, c in enumerate(codes) if c is None]
+      assessment = self.watch.poll(now, running)
+      self._note_progress(now)
+      self._inject()
+      if l.terminate_requested and not l.forwarded:
+        self._forward_preemption()
+      if all(c == 0 for c in codes):
+        return None
+      bad = [c for c in codes if c not in (None, 0, wk.PREEMPTED_EXIT)]
+      if bad:
+        return self._exit_failure(codes, now)
+      if wk.PREEMPTED_EXIT in codes:
+        preempt_since = preempt_since or now
+        if not running:
+          return {"kind": "preempted", "worker": None,
+                  "detail": "all workers checkpointed and exited with "
+                            f"{wk.PREEMPTED_EXIT}", "detected_at": now}
+        if now - preempt_since > l.startup_timeout_s:
+          return self._failure("stuck", running[0], now,
+                               "did not follow the preemption")
+      if assessment.kind == "lost":
+        w = assessment.worker
+        state = _proc_state(self.procs[w].pid)
+        kind = "stopped" if state == "T" else "heartbeat lost"
+        return self._failure(kind, w, now, "; ".join(assessment.report))
+      if assessment.kind == "stuck":
+        return self._failure(
+            "stuck", assessment.worker, now,
+            f"no step for {assessment.stalled_s:.1f}s: " +
+            "; ".join(assessment.report))
+      if assessment.kind == "starting" and \
+          now - self.record["started"] > l.startup_timeout_s:
+        return self._failure("startup timeout", None, now,
+                             "; ".join(assessment.report))
+      time.sleep(l.poll_s)
+
+  def _note_progress(self, now: float) -> None:
+    beats = [b for b in self.watch.beats.values() if b]
+    if not beats:
+      return
+    self.record["resumed_from"] = beats[0].get("resumed_from")
+    top = max(b["step"] for b in beats)
+    if top > (self.record["resumed_from"] or 0) and \
+        self.record["first_step_s"] is None:
+      self.record["first_step_s"] = now - self.record["started"]
+    self.record["last_step"] = max(self.record["last_step"], top)
+    medians = [b["median_step_s"] for b in beats if b.get("median_step_s")]
+    if medians:
+      self.record["median_step_s"] = max(medians)
+
+  def _forward_preemption(self) -> None:
+    l = self.launcher
+    l.forwarded = True
+    text = json.dumps({"attempt": self.index,
+                       "stop_at_step": self.watch.max_step() + 2,
+                       "reason": "SIGTERM to the launcher"})
+    atomic_write_text(os.path.join(l.run_dir, wk.CONTROL), text,
+                      overwrite=True)
+
+  def _exit_failure(self, codes, now) -> dict:
+    failed = [w for w, c in enumerate(codes)
+              if c is not None and c not in (0, wk.PREEMPTED_EXIT)]
+    # Several at once: a signal death is the cause, an error exit the effect.
+    w = min(failed, key=lambda i: (codes[i] >= 0, i))
+    code = codes[w]
+    log = _tail(self.logs[w])
+    if code < 0:
+      sig = signal.Signals(-code).name
+      kind = "oom" if _OOM.search(log) and code == -signal.SIGKILL else \
+          "killed"
+      return self._failure(kind, w, now, f"exited by {sig}")
+    if _PORT.search(log):
+      kind = "port in use"
+    elif _OOM.search(log):
+      kind = "oom"
+    elif self.record["first_step_s"] is None and \
+        self.record["last_step"] <= (self.record["resumed_from"] or 0):
+      kind = "startup crash"
+    else:
+      kind = "crashed"
+    return self._failure(kind, w, now, f"exit code {code}")
+
+  def _failure(self, kind, worker, now, detail) -> dict:
+    return {"kind": kind, "worker": worker, "detail": detail,
+            "detected_at": now}
+
+  def teardown(self) -> float:
+    start = time.time()
+    for p in self.procs:
+      if p.poll() is None:
+        for sig in (signal.SIGCONT, signal.SIGKILL):
+          try:
+            os.killpg(p.pid, sig)
+          except (ProcessLookupError, PermissionError):
+            pass
+    for p in self.procs:
+      p.wait()
+    return time.time() - start
+
+
+class Launcher:
+  """See the module doc and `launch` for the arguments."""
+
+  def __init__(self, command, workers, run_dir=None, max_restarts=3,
+               backoff_s=1.0, backoff_max_s=30.0, heartbeat_s=0.5,
+               heartbeat_timeout_s=5.0, stuck_factor=10.0, min_stuck_s=10.0,
+               startup_timeout_s=300.0, collective_timeout_factor=20.0,
+               min_collective_timeout_s=30.0, faults=(), ports=None,
+               env=None, poll_s=0.05):
+    if isinstance(workers, bool) or not isinstance(workers, int) or \
+        workers < 1:
+      raise invalid_argument("workers", "a positive integer", workers)
+    if isinstance(max_restarts, bool) or not isinstance(max_restarts, int) \
+        or max_restarts < 0:
+      raise invalid_argument("max_restarts", "an integer >= 0",
+                             max_restarts)
+    if not command or isinstance(command, str):
+      raise invalid_argument("command", "a non-empty list of arguments "
+                             "(script.py and its flags)", command)
+    command = [os.fspath(c) for c in command]
+    if command[0].endswith(".py"):
+      if not os.path.isfile(command[0]):
+        raise invalid_argument("command", "a script that exists",
+                               command[0], FileNotFoundError)
+      command = [sys.executable, *command]
+    for name, value in (("backoff_s", backoff_s),
+                        ("heartbeat_s", heartbeat_s),
+                        ("heartbeat_timeout_s", heartbeat_timeout_s),
+                        ("min_stuck_s", min_stuck_s),
+                        ("startup_timeout_s", startup_timeout_s)):
+      if isinstance(value, bool) or not isinstance(value, (int, float)) \
+          or not value > 0:
+        raise invalid_argument(name, "a positive number of seconds", value)
+    if heartbeat_timeout_s <= 2 * heartbeat_s:
+      raise invalid_argument("heartbeat_timeout_s", "more than twice "
+                             f"heartbeat_s ({heartbeat_s})",
+                             heartbeat_timeout_s)
+    faults = [Fault.parse(f) if isinstance(f, str) else f for f in faults]
+    for fault in faults:
+      if not 0 <= fault.worker < workers:
+        raise invalid_argument("faults", f"faults on workers 0..{workers - 1}",
+                               fault)
+    if ports is not None:
+      ports = [int(p) for p in ports]
+      if len(ports) != workers or len(set(ports)) != workers:
+        raise invalid_argument("ports", f"{workers} distinct ports", ports)
+      _check_ports_free(ports)
+    if run_dir is None:
+      run_dir = tempfile.mkdtemp(prefix="tfopt-launch-")
+    run_dir = os.path.abspath(os.fspath(run_dir))
+    try:
+      os.makedirs(run_dir, exist_ok=True)
+    except OSError as err:
+      raise invalid_argument("run_dir", f"a directory that can be created "
+                             f"({err.strerror})", run_dir) from None
+    if not os.access(run_dir, os.W_OK):
+      raise invalid_argument("run_dir", "a writable directory", run_dir,
+                             PermissionError)
+    self.command = command
+    self.workers = workers
+    self.run_dir = run_dir
+    self.max_restarts = max_restarts
+    self.backoff_s = float(backoff_s)
+    self.backoff_max_s = float(backoff_max_s)
+    self.heartbeat_s = float(heartbeat_s)
+    self.heartbeat_timeout_s = float(heartbeat_timeout_s)
+    self.stuck_factor = float(stuck_factor)
+    self.min_stuck_s = float(min_stuck_s)
+    self.startup_timeout_s = float(startup_timeout_s)
+    self.collective_timeout_factor = float(collective_timeout_factor)
+    self.min_collective_timeout_s = float(min_collective_timeout_s)
+    self.collective_timeout_s = None
+    self.faults = faults
+    self.injected: set = set()
+    self.ports = ports
+    self.env = {str(k): str(v) for k, v in (env or {}).items()}
+    self.poll_s = float(poll_s)
+    self.terminate_requested = False
+    self.forwarded = False
+    self.attempts: list = []
+    self._first_attempt = self._previous_attempts()
+
+  def _previous_attempts(self) -> int:
+    """A relaunch into the same run directory continues its numbering."""
+    path = os.path.join(self.run_dir, RECORD)
+    try:
+      with open(path, encoding="utf-8") as f:
+        return len(json.load(f)["attempts"])
+    except (OSError, ValueError, KeyError):
+      return 0
+
+  def _save(self, ok: bool) -> None:
+    record = {"format": "tfopt.scale.launch/1", "command": self.command,
+              "workers": self.workers, "ok": ok, "attempts": self.attempts}
+    path = os.path.join(self.run_dir, RECORD)
+    previous = []
+    if self._first_attempt:
+      try:
+        with open(path, encoding="utf-8") as f:
+          previous = json.load(f)["attempts"][:self._first_attempt]
+      except (OSError, ValueError, KeyError):
+        previous = []
+    record["attempts"] = previous + self.attempts
+    atomic_write_text(path, json.dumps(record, indent=1), overwrite=True)
+
+  def run(self) -> LaunchResult:
+    previous = signal.getsignal(signal.SIGTERM)
+    in_main = _in_main_thread()
+    if in_main:
+      signal.signal(signal.SIGTERM, self._on_sigterm)
+    try:
+      return self._run()
+    finally:
+      if in_main:
+        signal.signal(signal.SIGTERM, previous)
+
+  def _on_sigterm(self, signum, frame):  # pylint: disable=unused-argument
+    self.terminate_requested = True
+
+  def _run(self) -> LaunchResult:
+    restarts = 0
+    stalled = 0  # consecutive attempts without progress (for the backoff)
+    index = self._first_attempt
+    while True:
+      attempt = _Attempt(self, index)
+      ports = self.ports if (self.ports and not self.attempts) else \
+          free_ports(self.workers)
+      attempt.start(ports)
+      self.attempts.append(attempt.record)
+      try:
+        failure = attempt.run()
+      finally:
+        teardown = attempt.teardown()
+      rec = attempt.record
+      rec["ended"] = time.time()
+      rec["teardown_s"] = teardown if failure else 0.0
+      rec["failure"] = failure
+      rec["outcome"] = ("success" if failure is None else
+                        "preempted" if failure["kind"] == "preempted" else
+                        "failure")
+      if failure:
+        failure["log_tail"] = (_tail(attempt.logs[failure["worker"]], 1500)
+                               if failure["worker"] is not None else "")
+      if rec["median_step_s"]:
+        self.collective_timeout_s = max(
+            self.min_collective_timeout_s,
+            self.collective_timeout_factor * rec["median_step_s"])
+      self._save(ok=failure is None)
+      result = LaunchResult(failure is None, self.run_dir,
+                            list(self.attempts))
+      if failure is None:
+        return result
+      if self.terminate_requested:
+        result.preempted = True
+        return result
+      if failure["kind"] == "startup crash":
+        raise LaunchError(
+            f"Worker {failure['worker']} failed before its first step "
+            f"({failure['detail']}); not restarting, it would fail again. "
+            f"Log {attempt.logs[failure['worker']]} ends with:\n"
+            f"{failure['log_tail']}", result)
+      if restarts >= self.max_restarts:
+        raise LaunchError(
+            f"Restart budget spent (max_restarts={self.max_restarts}); the "
+            f"last failure: {failure['kind']} on worker {failure['worker']} "
+            f"({failure['detail']}). Attempts are recorded in "
+            f"{os.path.join(self.run_dir, RECORD)}.", result)
+      progressed = rec["last_step"] > (rec["resumed_from"] or 0)
+      stalled = 0 if progressed else stalled + 1
+      time.sleep(min(self.backoff_max_s, self.backoff_s * 2 ** stalled))
+      restarts += 1
+      index += 1
+
+
+def _in_main_thread() -> bool:
+  import threading  # pylint: disable=import-outside-toplevel
+  return threading.current_thread() is threading.main_thread()
+
+
+def launch(command, workers: int, **kwargs) -> LaunchResult:
+  """Runs `command` (["script.py", flags...] or any argv) on `workers`
+  loopback workers with restarts; raises LaunchError when it cannot finish.
+
+  Keyword arguments (defaults): run_dir (a new temporary directory),
+  max_restarts (3), backoff_s (1.0, doubled per attempt without progress,
+  capped at backoff_max_s 30), heartbeat_s (0.5), heartbeat_timeout_s
+  (5.0), stuck_factor (10 median step times) and min_stuck_s (10),
+  startup_timeout_s (300), collective_timeout_factor (20 median step times,
+  at least min_collective_timeout_s 30) for later attempts, faults
+  (Fault or 'kind:worker:step[:attempt]' strings), ports (fixed ports for
+  the first attempt), env (extra environment variables)."""
+  return Launcher(command, workers, **kwargs).run()
+
+
+def main(argv=None) -> int:
+  argv = list(sys.argv[1:] if argv is None else argv)
+  if "--" in argv:
+    cut = argv.index("--")
+    own, command = argv[:cut], argv[cut + 1:]
+  else:
+    own, command = argv, []
+  parser = argparse.ArgumentParser(
+      prog="python -m tfopt.scale.launch",
+      description="Run a training script on N loopback workers with "
+                  "heartbeats and restarts: ... -- script.py [args]")
+  parser.add_argument("--workers", type=int, required=True)
+  parser.add_argument("--max_restarts", type=int, default=3)
+  parser.add_argument("--run_dir", default=None)
+  parser.add_argument("--backoff_s", type=float, default=1.0)
+  parser.add_argument("--heartbeat_timeout_s", type=float, default=5.0)
+  parser.add_argument("--stuck_factor", type=float, default=10.0)
+  parser.add_argument("--min_stuck_s", type=float, default=10.0)
+  parser.add_argument("--startup_timeout_s", type=float, default=300.0)
+  parser.add_argument("--ports", default=None,
+                      help="comma-separated ports for the first attempt")
+  parser.add_argument("--inject", action="append", default=[],
+                      help="kind:worker:step[:attempt], kind in kill, stop, "
+                           "term (testing the restart path)")
+  args = parser.parse_args(own)
+  if not command:
+    parser.error("give the training command after --, e.g. "
+                 "-- train.py --epochs=3")
+  try:
+    result = launch(command, args.workers, run_dir=args.run_dir,
+                    max_restarts=args.max_restarts, backoff_s=args.backoff_s,
+                    heartbeat_timeout_s=args.heartbeat_timeout_s,
+                    stuck_factor=args.stuck_factor,
+                    min_stuck_s=args.min_stuck_s,
+                    startup_timeout_s=args.startup_timeout_s,
+                    faults=args.inject,
+                    ports=(args.ports.split(",") if args.ports else None))
+  except (ValueError, FileNotFoundError, PermissionError) as err:
+    print(f"error: {err}", file=sys.stderr)
+    return 2
+  except LaunchError as err:
+    print(f"error: {err}", file=sys.stderr)
+    return 1
+  for rec in result.attempts:
+    failure = rec["failure"]
+    what = (f"{failure['kind']} (worker {failure['worker']})" if failure
+            else "success")
+    print(f"attempt {rec['attempt']}: {what}, steps "
+          f"{rec['resumed_from']}..{rec['last_step']}")
+  print(f"run directory: {result.run_dir}")
+  return wk.PREEMPTED_EXIT if result.preempted else 0
+
+
+if __name__ == "__main__":
+  sys.exit(main())

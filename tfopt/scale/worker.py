@@ -1,0 +1,329 @@
+"""The worker side of a launched job: environment, strategy, resumable fit.
+
+A script started by `tfopt.scale.launch` finds its place in environment
+variables the launcher sets (`WorkerEnv.from_environ`); run standalone it
+is worker 0 of 1 with no run directory. `make_strategy` returns a
+MultiWorkerMirroredStrategy (Keras' `fit` patched for it, see
+`tfopt.scale.compat`) with the collective timeout the launcher derived
+from observed step times, or the default strategy for one worker.
+
+`fit(model, dataset_fn, epochs=..., steps_per_epoch=...)` trains with
+everything the launcher relies on:
+- resumes from the newest intact two-stage checkpoint, restoring model,
+  optimizer and RNG state *and the input position*: `dataset_fn(epoch)`
+  must give the same batches in the same order for the same epoch (seed
+  the shuffle with the epoch), and the resumed epoch skips the batches
+  already trained, so no step is lost or repeated;
+- checkpoints every `checkpoint_every` steps (the chief writes);
+- heartbeats (step, phase) for the launcher;
+- preemption: SIGTERM on any worker makes all workers stop at one agreed
+  step (written to the run directory's control file; every worker checks
+  it after each step, and workers in synchronous training are at most one
+  step apart), the chief saves there, and all exit with `PREEMPTED_EXIT`,
+  which the launcher restarts from;
+- a per-step record (attempt, global step, batch loss) in
+  `<run_dir>/steps/worker-<i>.jsonl` that the launcher stitches into the
+  trajectory to count lost or repeated steps.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import json
+import os
+import signal
+import sys
+import keras
+
+from tfopt._errors import check_positive_int, invalid_argument
+from tfopt.scale import heartbeat as hb
+from tfopt.scale.checkpoint import TwoStageCheckpointer
+from tfopt.scale.protocol import (CONTROL, ENV_ATTEMPT, ENV_HEARTBEAT,
+                                  ENV_RUN_DIR, ENV_TIMEOUT, ENV_WORKER,
+                                  ENV_WORKERS, PREEMPTED_EXIT)
+
+
+
+@dataclasses.dataclass(frozen=True)
+class WorkerEnv:
+  """Where this process sits in the job."""
+  worker: int = 0
+  workers: int = 1
+  attempt: int = 0
+  run_dir: str | None = None
+  collective_timeout_s: float | None = None
+  heartbeat_s: float = 0.5
+
+  @property
+  def is_chief(self) -> bool:
+    return self.worker == 0
+
+  @classmethod
+  def from_environ(cls, environ=None) -> "WorkerEnv":
+    env = os.environ if environ is None else environ
+    timeout = env.get(ENV_TIMEOUT)
+    return cls(worker=int(env.get(ENV_WORKER, 0)),
+               workers=int(env.get(ENV_WORKERS, 1)),
+               attempt=int(env.get(ENV_ATTEMPT, 0)),
+               run_dir=env.get(ENV_RUN_DIR) or None,
+               collective_timeout_s=float(timeout) if timeout else None,
+               heartbeat_s=float(env.get(ENV_HEARTBEAT, 0.5)))
+
+
+def make_strategy(env: WorkerEnv | None = None):
+  """MultiWorkerMirroredStrategy for several workers (Keras patched, the
+  collective timeout set), the default strategy for one."""
+  import tensorflow as tf  # pylint: disable=import-outside-toplevel
+  env = env or WorkerEnv.from_environ()
+  if env.workers <= 1 and "TF_CONFIG" not in os.environ:
+    return tf.distribute.get_strategy()
+  from tfopt.scale.compat import patch_keras_for_multi_worker  # pylint: disable=import-outside-toplevel
+  patch_keras_for_multi_worker()
+  options = tf.distribute.experimental.CommunicationOptions(
+      timeout_seconds=env.collective_timeout_s)
+  return tf.distribute.MultiWorkerMirroredStrategy(
+      communication_options=options)
+
+
+class _Preemption:
+  """SIGTERM -> a stop step agreed through the control file."""
+
+  def __init__(self, env: WorkerEnv, margin: int = 2):
+    self.env = env
+    self.margin = margin
+    self.signalled = False
+    self.stop_at = None
+    self.reason = None
+    self._previous = None
+    self._path = (os.path.join(env.run_dir, CONTROL) if env.run_dir
+                  else None)
+
+  def install(self) -> None:
+    self._previous = signal.signal(signal.SIGTERM, self._on_signal)
+
+  def uninstall(self) -> None:
+    if self._previous is not None:
+      signal.signal(signal.SIGTERM, self._previous)
+      self._previous = None
+
+  def _on_signal(self, signum, frame):  # pylint: disable=unused-argument
+    self.signalled = True
+
+  def check(self, step: int) -> bool:
+    """Called after every step; True when this worker must stop now."""
+    if self.signalled and self.stop_at is None:
+      self._announce(step + self.margin)
+    if self.stop_at is None and self._path and os.path.exists(self._path):
+      try:
+        with open(self._path, encoding="utf-8") as f:
+          control = json.load(f)
+        if control.get("attempt") == self.env.attempt:
+          self.stop_at = int(control["stop_at_step"])
+          self.reason = control.get("reason")
+      except (OSError, ValueError, KeyError):
+        pass  # half-written by a peer: read again after the next step
+    return self.stop_at is not None and step >= self.stop_at
+
+  def _announce(self, stop_at: int) -> None:
+    self.stop_at = stop_at
+    self.reason = f"SIGTERM on worker {self.env.worker}"
+    if self._path is None:
+      return
+    from tfopt._io import atomic_write_text  # pylint: disable=import-outside-toplevel
+    text = json.dumps({"attempt": self.env.attempt, "stop_at_step": stop_at,
+                       "reason": self.reason})
+    try:
+      atomic_write_text(self._path, text, overwrite=True)
+    except (OSError, FileExistsError):
+      pass
+
+
+class _Progress(keras.callbacks.Callback):
+  """Global step, heartbeats, checkpoints, preemption and the step log.
+
+  `async_safe = False`: the step counter, the heartbeat phase and the
+  per-step loss must be read when the batch ends."""
+
+  async_safe = False
+
+  def __init__(self, env, beat, checkpointer, preemption, every, steps_log,
+               steps_per_epoch):
+    super().__init__()
+    self.env = env
+    self.beat = beat
+    self.checkpointer = checkpointer
+    self.preemption = preemption
+    self.every = every
+    self.steps_log = steps_log
+    self.steps_per_epoch = steps_per_epoch
+    self.global_step = 0
+    self.epoch = 0
+    self.offset = 0           # batches skipped in this epoch (resume)
+    self.in_epoch = 0         # batches of this epoch done, skipped included
+    self.preempted = False
+    self._mean = None
+    self._count = 0
+
+  def on_epoch_begin(self, epoch, logs=None):
+    self.epoch = epoch
+    self._mean, self._count = None, 0
+
+  def on_train_batch_end(self, batch, logs=None):
+    self.global_step += 1
+    if self.beat:
+      self.beat.end_step(self.global_step)
+    if self.steps_log is not None and logs and "loss" in logs:
+      # Keras logs the running mean of the epoch; recover the batch loss.
+      mean = float(logs["loss"])
+      self._count += 1
+      loss = mean if self._mean is None else (
+          mean * self._count - self._mean * (self._count - 1))
+      self._mean = mean
+      self.steps_log.write(json.dumps({"attempt": self.env.attempt,
+                                       "step": self.global_step,
+                                       "loss": loss, "mean": mean}) + "\n")
+      self.steps_log.flush()
+    in_epoch = self.in_epoch = self.offset + batch + 1
+    stop = self.preemption.check(self.global_step)
+    if self.checkpointer and (stop or self.global_step % self.every == 0):
+      if self.beat:
+        self.beat.set_phase("checkpoint")
+      self.checkpointer.save(self.global_step, self.epoch, in_epoch,
+                             blocking=stop)
+      if self.beat:
+        self.beat.set_phase("host")
+    if stop:
+      self.preempted = True
+      self.model.stop_training = True
+
+
+class _StepBegin(keras.callbacks.Callback):
+  """Marks the heartbeat "in step". Placed after every other callback, so
+  host work in their batch-begin hooks counts as host time (a worker stuck
+  there is named as the one outside the collective)."""
+
+  async_safe = False
+
+  def __init__(self, beat):
+    super().__init__()
+    self.beat = beat
+
+  def on_train_batch_begin(self, batch, logs=None):
+    self.beat.begin_step()
+
+
+@dataclasses.dataclass
+class FitResult:
+  """What `fit` did: steps trained now, where it started, whether it was
+  preempted (the script should then `sys.exit(PREEMPTED_EXIT)`; `fit` does
+  so itself with `exit_on_preemption=True`), and the history per epoch."""
+  global_step: int
+  resumed_from: int
+  preempted: bool
+  history: dict
+
+
+def fit(model, dataset_fn, *, epochs: int, steps_per_epoch: int,
+        checkpoint_dir: str | None = None, checkpoint_every: int = 50,
+        callbacks=(), env: WorkerEnv | None = None, verbose: int = 0,
+        exit_on_preemption: bool = True) -> FitResult:
+  """Resumable `model.fit` for launched jobs (see the module doc).
+
+  Args:
+    model: a compiled, built keras.Model (under the strategy's scope).
+    dataset_fn: epoch -> tf.data.Dataset of global batches, the same for
+      the same epoch on every call and every worker. Order the epoch with
+      NumPy (a permutation seeded by the epoch): tf.data's `shuffle(seed=)`
+      gives another order under a distribution strategy than in one
+      process.
+    epochs, steps_per_epoch: the run's length (`steps_per_epoch` batches
+      are taken from each epoch's dataset).
+    checkpoint_dir: two-stage checkpoints (default `<run_dir>/checkpoints`
+      when launched; None standalone means no checkpoints).
+    checkpoint_every: steps between checkpoints.
+  """
+  check_positive_int("epochs", epochs)
+  check_positive_int("steps_per_epoch", steps_per_epoch)
+  check_positive_int("checkpoint_every", checkpoint_every)
+  if not callable(dataset_fn):
+    raise invalid_argument("dataset_fn", "a function epoch -> "
+                           "tf.data.Dataset", type(dataset_fn).__name__)
+  if getattr(model, "steps_per_execution", 1) != 1:
+    raise invalid_argument("model", "compiled with steps_per_execution=1 "
+                           "(heartbeats, checkpoints and preemption count "
+                           "single steps)", model.steps_per_execution)
+  env = env or WorkerEnv.from_environ()
+  if checkpoint_dir is None and env.run_dir:
+    checkpoint_dir = os.path.join(env.run_dir, "checkpoints")
+  checkpointer = (TwoStageCheckpointer(checkpoint_dir, model,
+                                       is_chief=env.is_chief)
+                  if checkpoint_dir else None)
+  beat = None
+  steps_log = None
+  if env.run_dir:
+    beat = hb.HeartbeatWriter(os.path.join(env.run_dir, "heartbeats"),
+                              env.worker, env.heartbeat_s, env.attempt)
+    os.makedirs(os.path.join(env.run_dir, "steps"), exist_ok=True)
+    steps_log = open(os.path.join(env.run_dir, "steps",  # pylint: disable=consider-using-with
+                                  f"worker-{env.worker}.jsonl"), "a",
+                     encoding="utf-8")
+  start_epoch, skip, start_step = 0, 0, 0
+  if checkpointer:
+    if beat:
+      beat.set_phase("restore")
+    scope = getattr(model, "distribute_strategy", None)
+    with scope.scope() if scope is not None else contextlib.nullcontext():
+      restored = checkpointer.restore()
+    if restored is not None:
+      start_step = restored.step
+      start_epoch, skip = restored.epoch, restored.step_in_epoch
+      if skip >= steps_per_epoch:
+        start_epoch, skip = start_epoch + 1, 0
+  preemption = _Preemption(env)
+  progress = _Progress(env, beat, checkpointer, preemption, checkpoint_every,
+                       steps_log, steps_per_epoch)
+  progress.global_step = start_step
+  if beat:
+    beat.resumed_from = beat.step = start_step
+    beat.set_phase("host")
+    beat.start()
+  preemption.install()
+  begin = [_StepBegin(beat)] if beat else []
+  history: dict = {}
+  try:
+    for epoch in range(start_epoch, epochs):
+      offset = skip if epoch == start_epoch else 0
+      steps = steps_per_epoch - offset
+      dataset = dataset_fn(epoch)
+      if offset:
+        dataset = dataset.skip(offset)
+      progress.offset = offset
+      h = model.fit(dataset.take(steps), initial_epoch=epoch,
+                    epochs=epoch + 1, steps_per_epoch=steps,
+                    callbacks=[progress, *callbacks, *begin],
+                    verbose=verbose)
+      for key, values in h.history.items():
+        history.setdefault(key, []).extend(values)
+      if progress.preempted:
+        break
+    if checkpointer:
+      if not progress.preempted and progress.global_step > start_step and \
+          progress.global_step % checkpoint_every:
+        checkpointer.save(progress.global_step, progress.epoch,
+                          progress.in_epoch, blocking=True)
+      checkpointer.wait()
+  finally:
+    preemption.uninstall()
+    if beat:
+      beat.set_phase("done")
+      beat.stop()
+    if steps_log:
+      steps_log.close()
+  result = FitResult(progress.global_step, start_step, progress.preempted,
+                     history)
+  if result.preempted and exit_on_preemption:
+    sys.stdout.flush()
+    sys.exit(PREEMPTED_EXIT)
+  return result
+
