@@ -1,7 +1,8 @@
-"""Training-at-scale measurements that exist so far (issue 8 is open: the
-fault matrix needs the launcher, not built yet).
+"""Training-at-scale measurements (issue 8), side by side in one run.
 
-    python -m benchmarks.scale          # ~3 min on 2 CPUs
+    python -m benchmarks.scale          # ~12 min on 2 CPUs
+    python -m benchmarks.scale --parts=faults   # one part, merged into the
+                                                # committed JSON
 
 - checkpoint: time the training loop is blocked by a two-stage checkpoint
   (`TwoStageCheckpointer.save`: the host snapshot) vs a synchronous save of
@@ -9,8 +10,24 @@ fault matrix needs the launcher, not built yet).
   vs Keras' `model.save_weights` of the weights alone; a model of
   `--params` parameters with its Adam state, `--repeats` saves each,
   medians. Goal: at least 5x less blocking than the synchronous save.
-- monitoring: `fit` step time with and without `MFUMonitor`, interleaved
-  runs, medians. Goal: at most 2 % overhead.
+- monitoring: `fit` step time without callbacks, with `MFUMonitor`, and
+  with all of tfopt's per-batch callbacks (MFU, straggler recorder with
+  its exchange, heartbeats, step log: what `tfopt.scale.worker.fit` and
+  the straggler monitor add), interleaved runs, medians. Goal: at most 2 %
+  overhead.
+- faults: the fault matrix. experiments/scale_train.py (2 workers,
+  MultiWorkerMirroredStrategy, 60 steps, checkpoints every 5) under the
+  launcher with its default watch settings; for each fault (kill -9,
+  SIGSTOP, alive-but-stuck, SIGTERM) on each worker at step 25: which
+  failure was detected and on whom, detection latency (from the injection;
+  for a stuck worker from the moment it stopped stepping), teardown,
+  restart to the first step of the next attempt, steps lost or repeated in
+  the stitched trajectory (goal 0), steps recomputed since the checkpoint,
+  and whether the final model is bit for bit the unfaulted run's.
+- stragglers: the same job (120 steps, phases exchanged every 10 steps)
+  with no delay, +10 ms, +30 % and +100 ms of host time per step on
+  worker 1: the fraction of exchanges that name worker 1 (detection rate),
+  that name worker 0 (false alarms), and the first naming (latency).
 
 Prints a table and writes benchmarks/results/scale.json.
 """
@@ -30,8 +47,14 @@ import tfopt  # noqa: F401  (OR-Tools before TensorFlow)
 FLAGS = flags.FLAGS
 flags.DEFINE_integer("params", 8_000_000, "Model parameters (float32).")
 flags.DEFINE_integer("repeats", 5, "Saves per method.")
-flags.DEFINE_integer("monitor_runs", 5, "Interleaved fit runs per arm.")
+flags.DEFINE_integer("monitor_runs", 9, "Interleaved fit runs per arm.")
 flags.DEFINE_string("out", None, "JSON path (default: results/scale.json).")
+flags.DEFINE_list("parts", ["checkpoint", "monitoring", "faults",
+                            "stragglers"], "Parts to run; the others are "
+                  "kept from the existing JSON.")
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+SCRIPT = os.path.join(ROOT, "experiments", "scale_train.py")
 
 RESULTS = os.path.join(os.path.dirname(__file__), "results")
 
@@ -102,40 +125,203 @@ def monitoring_part():
         self.times.append(now - self.last)
       self.last = now
 
-  arms = {"without": [], "with_mfu_monitor": []}
-  for _ in range(FLAGS.monitor_runs):
-    for arm in arms:
+  arms = {"without": [], "with_mfu_monitor": [], "with_all_callbacks": []}
+  scratch = tempfile.mkdtemp(prefix="tfopt-bench-monitor-")
+  names = list(arms)
+  for run in range(FLAGS.monitor_runs):
+    # rotate the order: whichever arm runs first in a round pays for it
+    for arm in names[run % 3:] + names[:run % 3]:
       clock = Clock()
       callbacks = [clock]
-      if arm == "with_mfu_monitor":
+      if arm != "without":
         callbacks.append(MFUMonitor((x[:64], y[:64]), peak_flops=1e12))
+      if arm == "with_all_callbacks":
+        callbacks += _tfopt_callbacks(os.path.join(scratch, f"{run}"))
       model.fit(x, y, batch_size=64, epochs=1, verbose=0,
                 callbacks=callbacks)
+      for callback in callbacks:
+        if hasattr(callback, "beat") and callback.beat:
+          callback.beat.stop()
       arms[arm].append(statistics.median(clock.times))
   med = {k: statistics.median(v) for k, v in arms.items()}
   return {"step_s": arms, "median_step_s": med,
-          "overhead": med["with_mfu_monitor"] / med["without"] - 1}
+          "overhead": med["with_mfu_monitor"] / med["without"] - 1,
+          "overhead_all": med["with_all_callbacks"] / med["without"] - 1}
+
+
+def _tfopt_callbacks(run_dir):
+  """What `tfopt.scale.worker.fit` adds per batch (step counter,
+  heartbeat, step log, preemption check; no checkpoint) plus the
+  straggler monitor exchanging every 50 steps."""
+  from tfopt.scale import heartbeat, worker  # pylint: disable=import-outside-toplevel
+  from tfopt.scale.stragglers import StragglerMonitor  # pylint: disable=import-outside-toplevel
+  env = worker.WorkerEnv(run_dir=run_dir)
+  beat = heartbeat.HeartbeatWriter(os.path.join(run_dir, "heartbeats"), 0)
+  beat.start()
+  os.makedirs(os.path.join(run_dir, "steps"), exist_ok=True)
+  log = open(os.path.join(run_dir, "steps", "worker-0.jsonl"), "a",  # pylint: disable=consider-using-with
+             encoding="utf-8")
+  progress = worker._Progress(env, beat, None, worker._Preemption(env), 50,  # pylint: disable=protected-access
+                              log, 100)
+  return [progress, StragglerMonitor(os.path.join(run_dir, "phases"), 0, 2,
+                                     exchange_every=50),
+          worker._StepBegin(beat)]  # pylint: disable=protected-access
+
+
+def _final(run_dir):
+  with open(os.path.join(run_dir, "final-worker-0.json"),
+            encoding="utf-8") as f:
+    return json.load(f)
+
+
+def faults_part():
+  from tfopt.scale.launch import launch  # pylint: disable=import-outside-toplevel
+  root = tempfile.mkdtemp(prefix="tfopt-bench-faults-")
+  watch = {"backoff_s": 1.0, "heartbeat_timeout_s": 5.0, "min_stuck_s": 10.0,
+           "stuck_factor": 10.0}
+  flags_ = ["--epochs=3", "--steps_per_epoch=20", "--checkpoint_every=5"]
+  clean = launch([SCRIPT, *flags_], workers=2,
+                 run_dir=os.path.join(root, "clean"), **watch)
+  reference = _final(clean.run_dir)
+  records = []
+  cases = [(kind, w) for kind in ("kill", "stop", "stuck", "term")
+           for w in (0, 1)]
+  for kind, w in _progress(cases, "fault matrix"):
+    run_dir = os.path.join(root, f"{kind}-{w}")
+    extra = [f"--stuck={w}:25"] if kind == "stuck" else []
+    faults = [] if kind == "stuck" else [f"{kind}:{w}:25"]
+    result = launch([SCRIPT, *flags_, *extra], workers=2, run_dir=run_dir,
+                    faults=faults, **watch)
+    first, second = result.attempts[0], result.attempts[1]
+    failure = first["failure"]
+    if kind == "stuck":
+      since = (failure.get("last_beat") or {}).get("phase_since")
+    else:
+      since = first["faults"][0]["time"]
+    trajectory = result.trajectory()
+    final = _final(run_dir)
+    records.append({
+        "fault": kind, "worker": w, "detected": failure["kind"],
+        "detected_worker": failure["worker"],
+        "detected_s": failure["detected_at"] - since if since else None,
+        "teardown_s": first["teardown_s"],
+        "restart_s": (second["started"] + second["first_step_s"] -
+                      failure["detected_at"]),
+        "steps_lost": len(trajectory["lost"]) + len(trajectory["repeated"]),
+        # the step log is flushed at checkpoints, so after a kill -9 the
+        # steps since the last one are known from the heartbeats only
+        "steps_recomputed": max(trajectory["recomputed"],
+                                first["last_step"] -
+                                (second["resumed_from"] or 0)),
+        "resumed_from": second["resumed_from"],
+        "final_loss": final["final_loss"],
+        "final_loss_matches": (final["final_loss"] == reference["final_loss"]
+                               and final["weights_sha256"] ==
+                               reference["weights_sha256"]),
+        "attempts": len(result.attempts)})
+  return {"watch": watch, "script_flags": flags_,
+          "reference_final_loss": reference["final_loss"],
+          "records": records}
+
+
+def stragglers_part():
+  from tfopt.scale.launch import launch  # pylint: disable=import-outside-toplevel
+  root = tempfile.mkdtemp(prefix="tfopt-bench-stragglers-")
+  rows = []
+  for delay in _progress([None, "1:10", "1:30%", "1:100"], "stragglers"):
+    run_dir = os.path.join(root, str(delay).replace(":", "_").replace(
+        "%", "pct"))
+    extra = [f"--delay_ms={delay}"] if delay else []
+    launch([SCRIPT, "--epochs=3", "--steps_per_epoch=40", "--stragglers",
+            "--exchange_every=10", *extra], workers=2, run_dir=run_dir)
+    with open(os.path.join(run_dir, "phases", "reports.jsonl"),
+              encoding="utf-8") as f:
+      reports = [json.loads(line) for line in f]
+    with open(os.path.join(run_dir, "phases", "worker-0.jsonl"),
+              encoding="utf-8") as f:
+      start = json.loads(f.readline())["begin"]
+    named = [r for r in reports if r["stragglers"] == [1]]
+    rows.append({
+        "delay": delay or "none", "exchanges": len(reports),
+        "detection_rate": len(named) / len(reports),
+        "false_alarm_rate": sum(0 in r["stragglers"] for r in reports) /
+                            len(reports),
+        "first_detection_step": named[0]["step"] + 1 if named else None,
+        "first_detection_s": named[0]["time"] - start if named else None,
+        "median_late_ms": statistics.median(r["late_ms"][1]
+                                            for r in reports)})
+  return {"rows": rows, "exchange_every": 10, "steps": 120}
+
+
+def _progress(items, title):
+  import keras  # pylint: disable=import-outside-toplevel
+  bar = keras.utils.Progbar(len(items), unit_name=title)
+  for i, item in enumerate(items):
+    yield item
+    bar.update(i + 1)
 
 
 def main(argv):
   del argv
   out = FLAGS.out or os.path.join(RESULTS, "scale.json")
-  result = {"benchmark": "scale", "checkpoint": checkpoint_part(),
-            "monitoring": monitoring_part()}
-  c, m = result["checkpoint"], result["monitoring"]
-  print(f"checkpoint of {c['params'] / 1e6:.1f} M parameters + Adam state "
-        f"({c['state_bytes'] / 2**20:.0f} MiB), median of {c['repeats']}:")
-  for key, value in c["median_s"].items():
-    print(f"  {key:24s} {value * 1e3:9.1f} ms")
-  print(f"  blocking: synchronous / two-stage = {c['blocking_ratio']:.1f}x "
-        "(goal >= 5x)")
-  print("monitoring, median step time:")
-  for key, value in m["median_step_s"].items():
-    print(f"  {key:24s} {value * 1e3:9.3f} ms")
-  print(f"  overhead {m['overhead'] * 100:+.2f} % (goal <= 2 %)")
+  parts = {"checkpoint": checkpoint_part, "monitoring": monitoring_part,
+           "faults": faults_part, "stragglers": stragglers_part}
+  unknown = sorted(set(FLAGS.parts) - set(parts))
+  if unknown:
+    raise app.UsageError(f"--parts must be among {sorted(parts)}; "
+                         f"received {unknown}")
+  result = {"benchmark": "scale"}
+  if os.path.exists(out):
+    with open(out, encoding="utf-8") as f:
+      result.update(json.load(f))
+  for name in FLAGS.parts:
+    result[name] = parts[name]()
+  _print(result)
   with open(out, "w", encoding="utf-8") as f:
     json.dump(result, f, indent=1)
   print(f"wrote {out}")
+
+
+def _print(result):
+  c, m = result.get("checkpoint"), result.get("monitoring")
+  if c:
+    print(f"checkpoint of {c['params'] / 1e6:.1f} M parameters + Adam state "
+          f"({c['state_bytes'] / 2**20:.0f} MiB), median of {c['repeats']}:")
+    for key, value in c["median_s"].items():
+      print(f"  {key:24s} {value * 1e3:9.1f} ms")
+    print(f"  blocking: synchronous / two-stage = {c['blocking_ratio']:.1f}x "
+          "(goal >= 5x)")
+  if m:
+    print("monitoring, median step time:")
+    for key, value in m["median_step_s"].items():
+      print(f"  {key:24s} {value * 1e3:9.3f} ms")
+    print(f"  overhead MFUMonitor {m['overhead'] * 100:+.2f} %, all tfopt "
+          f"callbacks {m.get('overhead_all', float('nan')) * 100:+.2f} % "
+          "(goal <= 2 %)")
+  if result.get("faults"):
+    print("fault matrix (2 workers, 60 steps; fault once the heartbeat says "
+          "step 25):")
+    print(f"  {'fault':6s} {'worker':>6s} {'detected as':16s} "
+          f"{'detect s':>9s} {'teardown s':>10s} {'restart s':>9s} "
+          f"{'lost':>4s} {'redone':>6s} final=clean")
+    for r in result["faults"]["records"]:
+      named = f"{r['detected']} ({r['detected_worker']})"
+      detected = ("-" if r["detected_s"] is None else
+                  f"{r['detected_s']:.2f}")
+      print(f"  {r['fault']:6s} {r['worker']:6d} {named:16s} "
+            f"{detected:>9s} {r['teardown_s']:10.2f} {r['restart_s']:9.2f} "
+            f"{r['steps_lost']:4d} {r['steps_recomputed']:6d} "
+            f"{r['final_loss_matches']}")
+  if result.get("stragglers"):
+    print("straggler detection (worker 1 delayed, exchange every 10 of 120 "
+          "steps):")
+    for r in result["stragglers"]["rows"]:
+      first = ("never" if r["first_detection_step"] is None else
+               f"step {r['first_detection_step']} "
+               f"({r['first_detection_s']:.2f} s)")
+      print(f"  {r['delay']:>6s}: rate {r['detection_rate']:.2f}, false "
+            f"alarms {r['false_alarm_rate']:.2f}, first {first}, median "
+            f"{r['median_late_ms']:.1f} ms late")
 
 
 if __name__ == "__main__":

@@ -6,7 +6,8 @@ Writes heartbeats like `tfopt.scale.worker.fit` (through HeartbeatWriter)
 and "trains" STEPS steps of 20 ms. MODE: ok; import_error (fails before
 any step); exit3 (exits with 3 after step 5); stall (stops stepping after
 step 5, keeps beating: alive but stuck); port (prints TensorFlow's bind
-error and exits 1 after step 1); preempt_aware (exits 75 on SIGTERM).
+error and exits 1 after step 1); oom (prints TensorFlow's OOM error and
+exits 1 at step 3). Every mode exits 75 on SIGTERM (a preemption).
 """
 
 import os
@@ -36,6 +37,10 @@ def main(mode: str, steps: int) -> int:
       return protocol.PREEMPTED_EXIT
     if mode == "exit3" and step == 5:
       return 3
+    if mode == "oom" and step == 3:
+      print("tensorflow.python.framework.errors_impl.ResourceExhaustedError:"
+            " OOM when allocating tensor with shape[65536,65536]")
+      return 1
     if mode == "port" and step == 1:
       print("E0000 grpc_server_lib: Address already in use")
       return 1

@@ -4,9 +4,7 @@ input, the trajectory stitched from step logs (hand-computed)."""
 
 import json
 import os
-import signal
 import socket
-import sys
 
 import pytest
 
@@ -24,9 +22,32 @@ def _failures(result):
           for a in result.attempts if a["failure"]]
 
 
+def test_goodput_accounts_for_startup_and_restarts(tmp_path):
+  attempts = [
+      {"attempt": 0, "started": 100.0, "ended": 130.0, "first_step_s": 10.0,
+       "resumed_from": 0, "last_step": 40, "median_step_s": 0.5,
+       "failure": {"kind": "killed", "detected_at": 129.0}},
+      {"attempt": 1, "started": 132.0, "ended": 162.0, "first_step_s": 8.0,
+       "resumed_from": 35, "last_step": 80, "median_step_s": 0.5,
+       "failure": None}]
+  steps = tmp_path / "steps"
+  steps.mkdir()
+  (steps / "worker-0.jsonl").write_text("".join(
+      json.dumps({"attempt": a, "step": s, "loss": 0.0}) + "\n"
+      for a, lo, hi in ((0, 1, 40), (1, 36, 80)) for s in range(lo, hi + 1)))
+  g = LaunchResult(True, str(tmp_path), attempts).goodput()
+  # 80 steps x 0.5 s productive in 62 s; 18 s startup, 3 s restart, 5 redone
+  assert g["productive_s"] == 40.0 and g["wall_s"] == 62.0
+  assert g["goodput"] == pytest.approx(40 / 62)
+  assert (g["startup_s"], g["restart_s"], g["recomputed_steps"]) == (
+      18.0, 3.0, 5)
+
+
 def test_clean_run_and_record(tmp_path):
   result = launch([FAKE, "ok", "10"], workers=2, run_dir=tmp_path, **FAST)
   assert result.ok and len(result.attempts) == 1
+  g = result.goodput()  # the fake worker logs no steps: nothing productive
+  assert g["goodput"] == 0 and 0 < g["startup_s"] < g["wall_s"]
   record = json.loads((tmp_path / "launch.json").read_text())
   assert record["ok"] and record["attempts"][0]["last_step"] == 10
   assert len(set(record["attempts"][0]["ports"])) == 2
@@ -81,6 +102,9 @@ def test_restart_budget_and_classification(tmp_path):
   assert [f[0] for f in _failures(result)] == ["port in use"] * 2
   # every attempt got fresh ports
   assert result.attempts[0]["ports"] != result.attempts[1]["ports"]
+  with pytest.raises(LaunchError, match="oom on worker") as err:
+    launch([FAKE, "oom"], workers=1, run_dir=tmp_path / "o",
+           max_restarts=0, **FAST)
 
 
 def test_sigterm_is_a_preemption_that_restarts(tmp_path):

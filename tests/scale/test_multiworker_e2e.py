@@ -109,4 +109,4 @@ def test_alive_but_stuck_worker_is_named(clean, tmp_path):
 
 def test_sigterm_preempts_and_resumes(clean, tmp_path):
   assert _faulted(clean, tmp_path, faults=["term:1:20"]) == [
-      ("preempted", None)]
+      ("preempted", 1)]

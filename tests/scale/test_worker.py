@@ -90,6 +90,11 @@ def test_sigterm_stops_at_the_agreed_step_and_saves(tmp_path):
   assert control["stop_at_step"] == 8
   assert "ckpt-8.npz" in os.listdir(tmp_path / "checkpoints")
   assert signal.getsignal(signal.SIGTERM) is not None
+  # run again in the same directory (a standalone rerun, attempt 0 again):
+  # it resumes at 8 and is not stopped by the old control file
+  resumed = _fit(tmp_path, exit_on_preemption=False)
+  assert (resumed.resumed_from, resumed.global_step, resumed.preempted) == (
+      8, 36, False)
   with pytest.raises(SystemExit) as exit_info:
     worker.fit(_model(), dataset_fn, epochs=1, steps_per_epoch=12,
                env=worker.WorkerEnv(run_dir=str(tmp_path / "b")),

@@ -1,9 +1,16 @@
-"""Training at scale, MegaScale's lessons on tf.distribute (issue 8, in
-progress). Built so far: FLOPs of a compiled step from its XLA HLO
-(`tfopt.scale.flops`), the MFU / throughput / goodput callback
-(`tfopt.scale.mfu.MFUMonitor`), two-stage checkpoints
-(`tfopt.scale.checkpoint.TwoStageCheckpointer`) and straggler detection
-from step phases (`tfopt.scale.stragglers`: recorder, detection, heat map;
-the exchange between workers is not built). Not built yet: the launcher
-with restarts, heartbeats, preemption, the MultiWorkerMirroredStrategy
-compatibility layer."""
+"""Training at scale, MegaScale's lessons on tf.distribute.
+
+- `tfopt.scale.launch`: start N workers on loopback, watch exit codes and
+  heartbeats, classify failures, restart from checkpoints within a budget
+  (`python -m tfopt.scale.launch --workers=N -- script.py ...`).
+- `tfopt.scale.worker`: the worker side (environment, strategy, the
+  resumable `fit` with checkpoints, input position, heartbeats, preemption).
+- `tfopt.scale.heartbeat`: progress beats and the stuck / lost verdicts.
+- `tfopt.scale.compat`: Keras 3 `fit` under MultiWorkerMirroredStrategy.
+- `tfopt.scale.ps`: a custom loop for ParameterServerStrategy.
+- `tfopt.scale.flops`, `tfopt.scale.mfu`: FLOPs of the compiled step from
+  XLA HLO; MFU, throughput and goodput.
+- `tfopt.scale.checkpoint`: two-stage checkpoints.
+- `tfopt.scale.stragglers`: step phases, detection, exchange between
+  workers, heat map, merged Chrome trace.
+"""

@@ -103,8 +103,9 @@ class LaunchResult:
     the final state: attempt k contributes its steps after its resume point
     up to the next attempt's resume point. Returns the per-step losses of
     that trajectory, the steps missing from it (`lost`), the steps it has
-    twice (`repeated`) and the steps computed and thrown away
-    (`recomputed`)."""
+    twice (`repeated`) and the logged steps computed and thrown away
+    (`recomputed`; workers flush the log at every checkpoint, so a kill -9
+    loses the unflushed steps since the last one from this count)."""
     path = os.path.join(self.run_dir, "steps", f"worker-{worker}.jsonl")
     by_attempt: dict = {}
     if os.path.exists(path):
@@ -133,6 +134,33 @@ class LaunchResult:
             "lost": sorted(set(range(1, last + 1)) - seen),
             "repeated": sorted({s for s in steps if steps.count(s) > 1}),
             "recomputed": recomputed}
+
+
+  def goodput(self) -> dict:
+    """Productive training time over the job's wall time, with the badput
+    split: startup (launch to first step, every attempt), restart (from a
+    failure's detection to the next launch: teardown and backoff), and the
+    steps recomputed after restarts. Productive time is the final
+    trajectory's steps at the median step time the heartbeats reported."""
+    if not self.attempts:
+      raise ValueError("goodput() needs at least one attempt")
+    trajectory = self.trajectory()
+    medians = [a["median_step_s"] for a in self.attempts
+               if a.get("median_step_s")]
+    step_s = sorted(medians)[len(medians) // 2] if medians else 0.0
+    wall = self.attempts[-1]["ended"] - self.attempts[0]["started"]
+    startup = sum(a["first_step_s"] or (a["ended"] - a["started"])
+                  for a in self.attempts)
+    restart = sum(nxt["started"] - (cur["failure"] or {}).get(
+        "detected_at", cur["ended"])
+                  for cur, nxt in zip(self.attempts, self.attempts[1:]))
+    recomputed = sum(max(0, cur["last_step"] - (nxt["resumed_from"] or 0))
+                     for cur, nxt in zip(self.attempts, self.attempts[1:]))
+    productive = trajectory["steps"] * step_s
+    return {"goodput": productive / wall if wall > 0 else None,
+            "wall_s": wall, "productive_s": productive, "startup_s": startup,
+            "restart_s": restart, "recomputed_steps": recomputed,
+            "recomputed_s": recomputed * step_s, "step_s": step_s}
 
 
 def free_ports(count: int, host: str = "127.0.0.1") -> list:
@@ -194,32 +222,32 @@ class _Attempt:
     self.watch = None
 
   def start(self, ports) -> None:
-    l = self.launcher
-    log_dir = os.path.join(l.run_dir, "logs", f"attempt-{self.index}")
+    cfg = self.launcher
+    log_dir = os.path.join(cfg.run_dir, "logs", f"attempt-{self.index}")
     os.makedirs(log_dir, exist_ok=True)
     cluster = {"worker": [f"127.0.0.1:{p}" for p in ports]}
     self.record["ports"] = list(ports)
     self.record["started"] = time.time()
     self.watch = hb.ProgressWatch(
-        os.path.join(l.run_dir, "heartbeats"), l.workers,
-        timeout_s=l.heartbeat_timeout_s, stuck_factor=l.stuck_factor,
-        min_stuck_s=l.min_stuck_s, attempt=self.index)
-    for w in range(l.workers):
+        os.path.join(cfg.run_dir, "heartbeats"), cfg.workers,
+        timeout_s=cfg.heartbeat_timeout_s, stuck_factor=cfg.stuck_factor,
+        min_stuck_s=cfg.min_stuck_s, attempt=self.index)
+    for w in range(cfg.workers):
       env = dict(os.environ)
-      env.update(l.env)
+      env.update(cfg.env)
       env.update({
           "TF_CONFIG": json.dumps({"cluster": cluster,
                                    "task": {"type": "worker", "index": w}}),
-          wk.ENV_RUN_DIR: l.run_dir, wk.ENV_WORKER: str(w),
-          wk.ENV_WORKERS: str(l.workers), wk.ENV_ATTEMPT: str(self.index),
-          wk.ENV_HEARTBEAT: str(l.heartbeat_s), "PYTHONUNBUFFERED": "1"})
-      if l.collective_timeout_s:
-        env[wk.ENV_TIMEOUT] = f"{l.collective_timeout_s:.1f}"
+          wk.ENV_RUN_DIR: cfg.run_dir, wk.ENV_WORKER: str(w),
+          wk.ENV_WORKERS: str(cfg.workers), wk.ENV_ATTEMPT: str(self.index),
+          wk.ENV_HEARTBEAT: str(cfg.heartbeat_s), "PYTHONUNBUFFERED": "1"})
+      if cfg.collective_timeout_s:
+        env[wk.ENV_TIMEOUT] = f"{cfg.collective_timeout_s:.1f}"
       log = os.path.join(log_dir, f"worker-{w}.log")
       self.logs.append(log)
       with open(log, "ab") as out:
         self.procs.append(subprocess.Popen(  # pylint: disable=consider-using-with
-            l.command, env=env, stdout=out, stderr=subprocess.STDOUT,
+            cfg.command, env=env, stdout=out, stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL, start_new_session=True))
 
   def _inject(self) -> None:
@@ -237,7 +265,7 @@ class _Attempt:
 
   def run(self) -> dict | None:
     """Watches until all exit 0 (None) or a failure (returns it)."""
-    l = self.launcher
+    cfg = self.launcher
     preempt_since = None
     while True:
       now = time.time()
@@ -246,7 +274,7 @@ class _Attempt:
       assessment = self.watch.poll(now, running)
       self._note_progress(now)
       self._inject()
-      if l.terminate_requested and not l.forwarded:
+      if cfg.terminate_requested and not cfg.forwarded:
         self._forward_preemption()
       if all(c == 0 for c in codes):
         return None
@@ -256,10 +284,13 @@ class _Attempt:
       if wk.PREEMPTED_EXIT in codes:
         preempt_since = preempt_since or now
         if not running:
-          return {"kind": "preempted", "worker": None,
-                  "detail": "all workers checkpointed and exited with "
-                            f"{wk.PREEMPTED_EXIT}", "detected_at": now}
-        if now - preempt_since > l.startup_timeout_s:
+          reason = self._control_reason()
+          named = re.search(r"SIGTERM on worker (\d+)", reason)
+          return {"kind": "preempted",
+                  "worker": int(named.group(1)) if named else None,
+                  "detail": f"{reason}: all workers checkpointed and exited "
+                            f"with {wk.PREEMPTED_EXIT}", "detected_at": now}
+        if now - preempt_since > cfg.startup_timeout_s:
           return self._failure("stuck", running[0], now,
                                "did not follow the preemption")
       if assessment.kind == "lost":
@@ -273,10 +304,10 @@ class _Attempt:
             f"no step for {assessment.stalled_s:.1f}s: " +
             "; ".join(assessment.report))
       if assessment.kind == "starting" and \
-          now - self.record["started"] > l.startup_timeout_s:
+          now - self.record["started"] > cfg.startup_timeout_s:
         return self._failure("startup timeout", None, now,
                              "; ".join(assessment.report))
-      time.sleep(l.poll_s)
+      time.sleep(cfg.poll_s)
 
   def _note_progress(self, now: float) -> None:
     beats = [b for b in self.watch.beats.values() if b]
@@ -292,13 +323,24 @@ class _Attempt:
     if medians:
       self.record["median_step_s"] = max(medians)
 
+  def _control_reason(self) -> str:
+    try:
+      with open(os.path.join(self.launcher.run_dir, wk.CONTROL),
+                encoding="utf-8") as f:
+        control = json.load(f)
+    except (OSError, ValueError):
+      return "preempted"
+    if control.get("attempt") != self.index:
+      return "preempted"
+    return str(control.get("reason", "preempted"))
+
   def _forward_preemption(self) -> None:
-    l = self.launcher
-    l.forwarded = True
+    cfg = self.launcher
+    cfg.forwarded = True
     text = json.dumps({"attempt": self.index,
                        "stop_at_step": self.watch.max_step() + 2,
                        "reason": "SIGTERM to the launcher"})
-    atomic_write_text(os.path.join(l.run_dir, wk.CONTROL), text,
+    atomic_write_text(os.path.join(cfg.run_dir, wk.CONTROL), text,
                       overwrite=True)
 
   def _exit_failure(self, codes, now) -> dict:
@@ -325,8 +367,9 @@ class _Attempt:
     return self._failure(kind, w, now, f"exit code {code}")
 
   def _failure(self, kind, worker, now, detail) -> dict:
+    beat = self.watch.beats.get(worker) if worker is not None else None
     return {"kind": kind, "worker": worker, "detail": detail,
-            "detected_at": now}
+            "detected_at": now, "last_beat": beat}
 
   def teardown(self) -> float:
     start = time.time()

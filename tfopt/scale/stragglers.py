@@ -51,7 +51,7 @@ class StragglerReport:
   median_step_s: float
 
 
-def detect(host_gap, in_step, threshold_s: float = 0.005,
+def detect(host_gap, in_step, threshold_s: float = 0.002,
            threshold_ratio: float = 0.1, min_fraction: float = 0.5
            ) -> StragglerReport:
   """Scores workers from [workers, steps] host-gap and in-step seconds."""
