@@ -58,6 +58,11 @@ def test_watch_verdicts(tmp_path):
   verdict = watch.poll()
   assert (verdict.kind, verdict.worker) == ("lost", 0)
   assert watch.poll(running=[1]).kind == "ok"
+  # training returned on both ("done", beats stopped): finishing, neither
+  # lost nor stuck however long the processes take to exit
+  _beat(tmp_path, 0, 9, "done", 3.0, 3.0)
+  _beat(tmp_path, 1, 9, "done", 30.0, 30.0)
+  assert watch.poll(now=time.time() + 60).kind == "finishing"
   # beats of another attempt do not count
   other = hb.ProgressWatch(tmp_path, 2, attempt=1)
   assert other.poll().kind == "starting"

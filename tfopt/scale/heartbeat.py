@@ -17,7 +17,10 @@ tells three situations apart (`assess`):
   collective, so the report names the culprit: the worker longest in the
   host phase (outside the compiled step) or, when all wait inside a step,
   the one with the lowest step;
-- **starting**: no step yet (startup is bounded separately).
+- **starting**: no step yet (startup is bounded separately);
+- **finishing**: every running worker's training returned (phase "done":
+  its beat stops on purpose) and the process is writing results or
+  shutting down (bounded separately).
 """
 
 from __future__ import annotations
@@ -134,7 +137,8 @@ def read(directory: str, worker: int) -> dict | None:
 
 @dataclasses.dataclass
 class Assessment:
-  """What the beats say: `kind` is "ok", "starting", "lost" or "stuck";
+  """What the beats say: `kind` is "ok", "starting", "finishing", "lost" or
+  "stuck";
   `worker` the one to blame (None for ok/starting); `report` one line per
   worker (step, phase, seconds in phase, beat age)."""
   kind: str
@@ -185,20 +189,26 @@ class ProgressWatch:
     self.beats = beats
     report = [_describe(w, b, now) for w, b in beats.items()]
     present = {w: b for w, b in beats.items() if b is not None}
-    lost = [w for w, b in present.items()
-            if w in running and now - b["time"] > self.timeout_s]
+    # "done": training returned and the beat stopped on purpose; the
+    # process may still be writing its results or shutting TF down.
+    done = {w for w, b in present.items() if b["phase"] == "done"}
+    lost = [w for w, b in present.items() if w in running and w not in done
+            and now - b["time"] > self.timeout_s]
     if lost:
       worst = max(lost, key=lambda w: (now - present[w]["time"], -w))
       return Assessment("lost", worst, report)
     steps = [b["step"] for b in present.values()]
     if len(present) < self.workers or max(steps, default=-1) < 0:
       return Assessment("starting", None, report)
+    if running and running <= done:
+      return Assessment("finishing", None, report)
     top = max(steps)
     if top > self._best_step:
       self._best_step, self._progress_time = top, now
     stalled = now - self._progress_time
     if stalled > self.stuck_after_s():
-      alive = {w: b for w, b in present.items() if w in running}
+      alive = {w: b for w, b in present.items()
+               if w in running and w not in done}
       return Assessment("stuck", _culprit(alive or present, now), report,
                         stalled)
     return Assessment("ok", None, report, stalled)

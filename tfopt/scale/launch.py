@@ -266,7 +266,7 @@ class _Attempt:
   def run(self) -> dict | None:
     """Watches until all exit 0 (None) or a failure (returns it)."""
     cfg = self.launcher
-    preempt_since = None
+    preempt_since = finishing_since = None
     while True:
       now = time.time()
       codes = [p.poll() for p in self.procs]
@@ -306,6 +306,11 @@ class _Attempt:
       if assessment.kind == "starting" and \
           now - self.record["started"] > cfg.startup_timeout_s:
         return self._failure("startup timeout", None, now,
+                             "; ".join(assessment.report))
+      finishing_since = (finishing_since or now) \
+          if assessment.kind == "finishing" else None
+      if finishing_since and now - finishing_since > cfg.startup_timeout_s:
+        return self._failure("shutdown hang", running[0], now,
                              "; ".join(assessment.report))
       time.sleep(cfg.poll_s)
 

@@ -149,6 +149,8 @@ class StragglerMonitor(StepPhaseRecorder):
     self.reports: list = []      # the chief's verdict per exchange
     self.report = None           # the chief's verdict on the whole run
     self._flushed = 0
+    self._offsets = [0] * self.workers
+    self._cache: list = [{} for _ in range(self.workers)]
     self._writer = None
     self._tensorboard_dir = tensorboard_dir
 
@@ -188,28 +190,42 @@ class StragglerMonitor(StepPhaseRecorder):
         f.write("\n".join(lines) + "\n")
     self._flushed = len(self.in_step)
 
-  def _read_all(self):
-    """[workers, steps] host gaps and in-step times of the steps every
-    worker has flushed (this attempt), and per-worker recorders for the
-    trace; None before every worker flushed once."""
-    per_worker = []
+  def _refresh(self) -> None:
+    """Parses what the workers appended since the last call (complete
+    lines only: a worker may be writing), so an exchange costs the new
+    steps, not the whole run."""
     for w in range(self.workers):
-      records = {}
       try:
-        with open(self._path(w), encoding="utf-8") as f:
-          for line in f:
-            try:
-              rec = json.loads(line)
-            except ValueError:
-              continue  # a line being written right now
-            if rec.get("attempt") == self.attempt:
-              records[rec["step"]] = rec
+        with open(self._path(w), "rb") as f:
+          f.seek(self._offsets[w])
+          chunk = f.read()
       except OSError:
-        return None
-      per_worker.append(records)
-    common = sorted(set.intersection(*(set(r) for r in per_worker)))
+        continue  # that worker has not flushed yet
+      end = chunk.rfind(b"\n") + 1
+      for line in chunk[:end].splitlines():
+        try:
+          rec = json.loads(line)
+        except ValueError:
+          continue
+        if rec.get("attempt") == self.attempt:
+          self._cache[w][rec["step"]] = rec
+      self._offsets[w] += end
+
+  def _read_all(self, last: int | None = None):
+    """[workers, steps] host gaps and in-step times of the steps every
+    worker has flushed (this attempt; the `last` n of them), and
+    per-worker recorders for the trace; None before every worker flushed
+    once."""
+    self._refresh()
+    if not all(self._cache):
+      return None
+    top = min(max(c) for c in self._cache)
+    first = 0 if last is None else max(0, top - last + 1)
+    common = [s for s in range(first, top + 1)
+              if all(s in c for c in self._cache)]
     if not common:
       return None
+    per_worker = self._cache
     gap = np.array([[r[s]["gap"] for s in common] for r in per_worker])
     run = np.array([[r[s]["in_step"] for s in common] for r in per_worker])
     recorders = [_Phases([r[s]["begin"] for s in common],
@@ -221,12 +237,11 @@ class StragglerMonitor(StepPhaseRecorder):
   def _exchange(self) -> None:
     if self.workers < 2:
       return
-    aligned = self._read_all()
+    aligned = self._read_all(last=self.exchange_every)
     if aligned is None:
       return
     gap, run, _, common = aligned
-    window = slice(-self.exchange_every, None)
-    report = detect(gap[:, window], run[:, window], **self.detect_kwargs)
+    report = detect(gap, run, **self.detect_kwargs)
     step = common[-1]
     entry = {"step": step, "time": time.time(),
              "stragglers": report.stragglers,

@@ -151,8 +151,7 @@ class _Progress(keras.callbacks.Callback):
 
   async_safe = False
 
-  def __init__(self, env, beat, checkpointer, preemption, every, steps_log,
-               steps_per_epoch):
+  def __init__(self, env, beat, checkpointer, preemption, every, steps_log):
     super().__init__()
     self.env = env
     self.beat = beat
@@ -160,7 +159,6 @@ class _Progress(keras.callbacks.Callback):
     self.preemption = preemption
     self.every = every
     self.steps_log = steps_log
-    self.steps_per_epoch = steps_per_epoch
     self.global_step = 0
     self.epoch = 0
     self.offset = 0           # batches skipped in this epoch (resume)
@@ -301,7 +299,7 @@ def fit(model, dataset_fn, *, epochs: int, steps_per_epoch: int,
         start_epoch, skip = start_epoch + 1, 0
   preemption = _Preemption(env, resumed_from=start_step)
   progress = _Progress(env, beat, checkpointer, preemption, checkpoint_every,
-                       steps_log, steps_per_epoch)
+                       steps_log)
   progress.global_step = start_step
   if beat:
     beat.resumed_from = beat.step = start_step
