@@ -34,6 +34,7 @@ a step, checkpoint and exit, and the launcher exits with 75.
 from __future__ import annotations
 
 import argparse
+import collections
 import dataclasses
 import json
 import os
@@ -132,7 +133,8 @@ class LaunchResult:
     seen = set(steps)
     return {"steps": last, "loss": {r["step"]: r["loss"] for r in kept},
             "lost": sorted(set(range(1, last + 1)) - seen),
-            "repeated": sorted({s for s in steps if steps.count(s) > 1}),
+            "repeated": sorted(s for s, n in collections.Counter(
+                steps).items() if n > 1),
             "recomputed": recomputed}
 
 

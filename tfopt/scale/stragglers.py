@@ -176,9 +176,13 @@ class StragglerMonitor(StepPhaseRecorder):
         self.report = detect(aligned[0], aligned[1], **self.detect_kwargs)
         heatmap_png(os.path.join(self.directory, "heatmap.png"),
                     self.report, overwrite=True)
+        common = aligned[2]
         chrome_trace(os.path.join(self.directory, "trace.json"),
-                     {f"worker {w}": rec for w, rec in
-                      enumerate(aligned[2])}, overwrite=True)
+                     {f"worker {w}": _Phases(
+                         [r[s]["begin"] for s in common],
+                         [r[s]["gap"] for s in common],
+                         [r[s]["in_step"] for s in common])
+                      for w, r in enumerate(self._cache)}, overwrite=True)
 
   def _flush(self) -> None:
     lines = [json.dumps({"attempt": self.attempt, "step": i,
@@ -214,8 +218,7 @@ class StragglerMonitor(StepPhaseRecorder):
   def _read_all(self, last: int | None = None):
     """[workers, steps] host gaps and in-step times of the steps every
     worker has flushed (this attempt; the `last` n of them), and
-    per-worker recorders for the trace; None before every worker flushed
-    once."""
+    their steps; None before every worker flushed once."""
     self._refresh()
     if not all(self._cache):
       return None
@@ -228,11 +231,7 @@ class StragglerMonitor(StepPhaseRecorder):
     per_worker = self._cache
     gap = np.array([[r[s]["gap"] for s in common] for r in per_worker])
     run = np.array([[r[s]["in_step"] for s in common] for r in per_worker])
-    recorders = [_Phases([r[s]["begin"] for s in common],
-                         [r[s]["gap"] for s in common],
-                         [r[s]["in_step"] for s in common])
-                 for r in per_worker]
-    return gap, run, recorders, common
+    return gap, run, common
 
   def _exchange(self) -> None:
     if self.workers < 2:
@@ -240,7 +239,7 @@ class StragglerMonitor(StepPhaseRecorder):
     aligned = self._read_all(last=self.exchange_every)
     if aligned is None:
       return
-    gap, run, _, common = aligned
+    gap, run, common = aligned
     report = detect(gap, run, **self.detect_kwargs)
     step = common[-1]
     entry = {"step": step, "time": time.time(),
