@@ -16,15 +16,16 @@ $(STAMP): setup.py
 	# keras-hub without its tensorflow-text dependency, which would replace
 	# tensorflow-cpu with the full tensorflow wheel (setup.py, extra "hub").
 	$(PY) -m pip install --quiet --no-deps 'keras-hub>=0.32,<0.33'
+	# TF Serving's request/response protos and gRPC stubs, without their
+	# `tensorflow` requirement (it would replace tensorflow-cpu); grpcio and
+	# protobuf come with TensorFlow. Used by tfopt.export's local check.
+	$(PY) -m pip install --quiet --no-deps 'tensorflow-serving-api>=2.16,<2.22'
 	touch $(STAMP)
 
 demo: $(STAMP)
-	mkdir -p .demo
-	TF_CPP_MIN_LOG_LEVEL=2 $(PY) -m experiments.profile --model=small_cnn --batch_size=32 \
-	    --measure_comm --out=.demo/small_cnn.json --overwrite
-	$(PY) -m experiments.place --costgraph=.demo/small_cnn.json --devices=4 \
-	    --memory_fraction=0.35 --gantt=.demo/small_cnn_gantt.png --overwrite
-	@echo "Gantt chart of the placed step: .demo/small_cnn_gantt.png"
+	TF_CPP_MIN_LOG_LEVEL=2 $(PY) -m experiments.run_placed --model=small_cnn \
+	    --devices=4 --memory_fraction=0.15 --processes=4 --out_dir=.demo --overwrite
+	@echo "Gantt chart of the placed step: .demo/gantt.png; SavedModel: .demo/saved_model"
 
 test: $(STAMP)
 	TF_CPP_MIN_LOG_LEVEL=2 $(PY) -m pytest -q

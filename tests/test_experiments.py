@@ -1,8 +1,11 @@
 """The profiling script, run as a user runs it."""
 
+import json
 import subprocess
 import sys
 import pathlib
+
+import pytest
 
 from tfopt.graph import load_costgraph
 
@@ -104,3 +107,26 @@ def test_prune_moe_script_bad_flags(tmp_path):
     done = _prune_moe(*args)
     assert done.returncode != 0
     assert message in done.stderr, done.stderr[-1000:]
+
+
+@pytest.mark.slow
+def test_run_placed_script_end_to_end(tmp_path):
+  out = tmp_path / "demo"
+  args = [sys.executable, "-m", "experiments.run_placed", "--model=mlp",
+          "--batch_size=16", "--devices=3", "--memory_fraction=0.3",
+          "--steps=2", "--processes=2", f"--out_dir={out}",
+          '--model_kwargs={"hidden": [64, 64], "input_dim": 32}']
+  done = subprocess.run(args, cwd=ROOT, capture_output=True, text=True,
+                        timeout=600)
+  assert done.returncode == 0, done.stderr[-3000:]
+  for line in ("pass pipeline", "_FusedMatMul +3", "<- chosen",
+               "equal the unplaced step's", "ran where planned",
+               "across 2 server processes", "calibration: measured",
+               "PredictRequest over gRPC"):
+    assert line in done.stdout, (line, done.stdout[-3000:])
+  plan = json.loads((out / "plan.json").read_text())
+  assert plan["placement"] and (out / "gantt.png").stat().st_size > 1000
+  assert (out / "saved_model" / "saved_model.pb").exists()
+  again = subprocess.run(args, cwd=ROOT, capture_output=True, text=True,
+                         timeout=600)
+  assert again.returncode != 0 and "--overwrite" in again.stderr

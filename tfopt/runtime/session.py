@@ -37,17 +37,44 @@ def session_config(*, inter_op_threads: int = 0, intra_op_threads: int = 0,
   return config
 
 
+def local_device_count(graph_def) -> dict[str, int]:
+  """{"CPU": n} with n covering every /device:CPU:i a node of `graph_def`
+  names in this process (a Session ignores logical device configuration and
+  needs `device_count` instead)."""
+  highest = 0
+  for node in graph_def.node:
+    if node.device:
+      spec = tf.DeviceSpec.from_string(node.device)
+      if (spec.job in (None, "localhost") and
+          (spec.device_type or "").upper() == "CPU" and spec.device_index):
+        highest = max(highest, spec.device_index)
+  return {"CPU": highest + 1}
+
+
 class StepSession:
   """Imports a CapturedStep into its own graph and session, ready to run."""
 
   def __init__(self, step: CapturedStep, *,
                config: tf.compat.v1.ConfigProto | None = None,
-               target: str = ""):
+               target: str = "", graph_def=None,
+               initial_values: dict[str, np.ndarray] | None = None):
+    """Args:
+      step: the captured step (inputs, outputs, targets, variables).
+      config: session options; default `session_config()` with as many CPU
+        devices as the graph's device strings name.
+      target: a session target ("grpc://host:port") or "" for in-process.
+      graph_def: a rewritten version of `step.graph_def` to run instead
+        (same inputs, outputs, targets and variable names).
+      initial_values: variable values to start from (default: the captured
+        tf.Variables' current values).
+    """
     self.step = step
-    values = {name: var.numpy() for name, var in step.variables.items()}
+    self.graph_def = graph_def if graph_def is not None else step.graph_def
+    values = dict(initial_values) if initial_values is not None else {
+        name: var.numpy() for name, var in step.variables.items()}
     self.graph = tf.Graph()
     with self.graph.as_default():
-      tf.graph_util.import_graph_def(step.graph_def, name="")
+      tf.graph_util.import_graph_def(self.graph_def, name="")
       init_ops, self._init_feeds = [], {}
       for name, value in values.items():
         handle = self.graph.get_tensor_by_name(f"{name}:0")
@@ -64,8 +91,10 @@ class StepSession:
                      for n in step.output_names]
     self._targets = [self.graph.get_operation_by_name(n)
                      for n in step.target_names]
+    if config is None:
+      config = session_config(device_count=local_device_count(self.graph_def))
     self.session = tf.compat.v1.Session(target=target, graph=self.graph,
-                                        config=config or session_config())
+                                        config=config)
     self.session.run(self._init, self._init_feeds)
 
   def run(self, inputs: Sequence[np.ndarray], *, options=None,

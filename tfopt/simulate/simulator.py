@@ -32,13 +32,15 @@ from __future__ import annotations
 
 import dataclasses
 import heapq
-from typing import Mapping, Sequence
+from typing import TYPE_CHECKING, Mapping, Sequence
 
 from tfopt._errors import invalid_argument
 from tfopt.cluster import Cluster
 from tfopt.cost.cost_model import op_costs
 from tfopt.graph.opgraph import OpGraph, topological_order
-from tfopt.placement.placement import Placement
+
+if TYPE_CHECKING:
+  from tfopt.placement.placement import Placement
 
 
 @dataclasses.dataclass(frozen=True)
@@ -112,6 +114,9 @@ def simulate(graph: OpGraph, placement: Placement | Mapping[str, int], costs,
       start times replay its intended order.
   """
   num_devices = len(cluster)
+  # Imported here: tfopt.placement's package imports this module (its
+  # placers simulate), so a module-level import is circular.
+  from tfopt.placement.placement import Placement  # pylint: disable=g-import-not-at-top
   if not isinstance(placement, Placement):
     placement = Placement(placement, num_devices)
   if placement.num_devices != num_devices:

@@ -1,0 +1,255 @@
+"""Rewrite passes, each checked by running the graph before and after it."""
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from tfopt import zoo
+from tfopt.graph import capture_function, capture_train_step
+from tfopt.passes import (PassContext, PassError, PassManager, apply_placement,
+                          fold_constants, fuse, op_counts, prune,
+                          registered_passes, remove_identities)
+from tfopt.runtime import local_cluster, run_and_compare, run_steps
+
+
+def _mlp_step(hidden=(16, 16), act="relu"):
+  tf.random.set_seed(1)
+  m = zoo.mlp(hidden=hidden, input_dim=12, classes=5)
+  x, y = m.batch(8)
+  step = capture_train_step(m.model, x=x, y=y)
+  return step, [[x, y], list(m.batch(8, seed=1))]
+
+
+@pytest.fixture(scope="module")
+def mlp():
+  return _mlp_step()
+
+
+def _function_step(fn, *specs):
+  step = capture_function(fn.get_concrete_function(*specs), batch_size=4)
+  rng = np.random.default_rng(0)
+  inputs = [[rng.standard_normal([4] + s.shape.as_list()[1:]).astype(
+      np.float32) for s in specs]]
+  return step, inputs
+
+
+def test_fuse_training_step_leaves_exactly_one_fused_matmul_per_dense(mlp):
+  step, inputs = mlp
+  ctx = PassContext.for_step(step)
+  result = PassManager("fuse", verify=run_and_compare(step, inputs)).run(
+      step.graph_def, ctx)
+  counts = op_counts(result.graph)
+  # Two hidden Dense+ReLU and the logits Dense (bias only): three fusions.
+  assert counts["_FusedMatMul"] == 3
+  assert counts["BiasAdd"] == 0 and counts["Relu"] == 0
+  # Gradient MatMuls are not fused (no bias follows them).
+  assert counts["MatMul"] == op_counts(step.graph_def)["MatMul"] - 3
+  fused_ops = sorted(tuple(n.attr["fused_ops"].list.s) for n in
+                     result.graph.node if n.op == "_FusedMatMul")
+  assert fused_ops == [(b"BiasAdd",), (b"BiasAdd", b"Relu"),
+                       (b"BiasAdd", b"Relu")]
+  report = result.reports[0]
+  assert report.verified and report.op_diff["_FusedMatMul"] == 3
+  assert set(ctx.fused) == {n.name for n in result.graph.node
+                            if n.op == "_FusedMatMul"}
+  # The original graph is untouched.
+  assert op_counts(step.graph_def)["_FusedMatMul"] == 0
+
+
+@pytest.mark.parametrize("act,expected", [
+    ("relu", b"Relu"), ("relu6", b"Relu6"), ("elu", b"Elu"),
+    ("leaky_relu", b"LeakyRelu"), ("tanh", None)])
+def test_fuse_conv_bias_activation(act, expected):
+  tf.random.set_seed(0)
+  kernel = tf.Variable(tf.random.normal([3, 3, 3, 4]))
+  bias = tf.Variable(tf.random.normal([4]))
+  fns = {"relu": tf.nn.relu, "relu6": tf.nn.relu6, "elu": tf.nn.elu,
+         "leaky_relu": lambda t: tf.nn.leaky_relu(t, alpha=0.3),
+         "tanh": tf.nn.tanh}
+
+  @tf.function
+  def f(x):
+    y = tf.nn.bias_add(tf.nn.conv2d(x, kernel, 1, "SAME"), bias)
+    return fns[act](y) * 2.0
+
+  step, inputs = _function_step(f, tf.TensorSpec([None, 6, 6, 3]))
+  result = PassManager("fuse", verify=run_and_compare(step, inputs)).run(
+      step.graph_def, PassContext.for_step(step))
+  nodes = [n for n in result.graph.node if n.op == "_FusedConv2D"]
+  assert len(nodes) == 1
+  ops = tuple(nodes[0].attr["fused_ops"].list.s)
+  if expected is None:  # no CPU kernel fuses Tanh: bias only, Tanh stays
+    assert ops == (b"BiasAdd",) and op_counts(result.graph)["Tanh"] == 1
+  else:
+    assert ops == (b"BiasAdd", expected)
+  if act == "leaky_relu":
+    assert nodes[0].attr["leakyrelu_alpha"].f == pytest.approx(0.3)
+
+
+def test_fuse_conv_inference_batch_norm_but_not_training_batch_norm():
+  tf.random.set_seed(0)
+  kernel = tf.Variable(tf.random.normal([3, 3, 3, 4]))
+  scale, offset = tf.Variable(tf.ones([4]) * 1.5), tf.Variable(tf.zeros([4]))
+  mean, var = tf.Variable(tf.fill([4], 0.2)), tf.Variable(tf.fill([4], 2.0))
+
+  def conv_bn(x, training):
+    y = tf.nn.conv2d(x, kernel, 1, "SAME")
+    if training:
+      y, _, _ = tf.compat.v1.nn.fused_batch_norm(y, scale, offset,
+                                                 is_training=True)
+    else:
+      y, _, _ = tf.compat.v1.nn.fused_batch_norm(
+          y, scale, offset, mean=mean, variance=var, epsilon=0.01,
+          is_training=False)
+    return tf.nn.relu(y)
+
+  spec = tf.TensorSpec([None, 5, 5, 3])
+  step, inputs = _function_step(tf.function(lambda x: conv_bn(x, False)), spec)
+  result = PassManager("fuse", verify=run_and_compare(step, inputs)).run(
+      step.graph_def, PassContext.for_step(step))
+  (node,) = [n for n in result.graph.node if n.op == "_FusedConv2D"]
+  assert tuple(node.attr["fused_ops"].list.s) == (b"FusedBatchNorm", b"Relu")
+  assert node.attr["epsilon"].f == pytest.approx(0.01)
+  assert node.attr["num_args"].i == 4
+  step, inputs = _function_step(tf.function(lambda x: conv_bn(x, True)), spec)
+  result = fuse(step.graph_def, PassContext.for_step(step))
+  assert not result.changed
+
+
+def test_fuse_keeps_intermediates_someone_else_reads():
+  w = tf.Variable(tf.ones([3, 2]))
+  b = tf.Variable(tf.ones([2]))
+
+  @tf.function
+  def f(x):
+    mm = tf.matmul(x, w)
+    y = tf.nn.relu(tf.nn.bias_add(mm, b))
+    return y + tf.reduce_sum(mm)  # the MatMul is read twice
+
+  step, inputs = _function_step(f, tf.TensorSpec([None, 3]))
+  assert not fuse(step.graph_def, PassContext.for_step(step)).changed
+
+
+def _hand_graph():
+  graph = tf.Graph()
+  with graph.as_default():
+    x = tf.compat.v1.placeholder(tf.float32, [2], name="x")
+    c = tf.constant([1.0, 2.0], name="c")
+    d = tf.multiply(c, 3.0, name="c3")  # constant subgraph
+    i1 = tf.identity(x, name="id1")
+    i2 = tf.identity(i1, name="id2")
+    tf.add(i2, d, name="out")
+    tf.square(x, name="dead_square")
+    tf.identity(c, name="dead_id")
+  return graph.as_graph_def()
+
+
+def _run_graph(graph_def, feed):
+  graph = tf.Graph()
+  with graph.as_default():
+    tf.graph_util.import_graph_def(graph_def, name="")
+  with tf.compat.v1.Session(graph=graph) as sess:
+    return sess.run("out:0", {"x:0": feed})
+
+
+def test_prune_identity_and_fold_on_a_hand_graph():
+  graph_def = _hand_graph()
+  ctx = PassContext(keep=("x", "out"))
+  feed = np.array([1.0, -2.0], np.float32)
+  pruned = prune(graph_def, ctx)
+  assert {n.name for n in graph_def.node} - {n.name for n in
+                                             pruned.graph.node} == {
+                                                 "dead_square", "dead_id"}
+  no_ids = remove_identities(pruned.graph, ctx)
+  assert op_counts(no_ids.graph)["Identity"] == 0
+  out = [n for n in no_ids.graph.node if n.name == "out"][0]
+  assert out.input[0] == "x"
+  folded = fold_constants(no_ids.graph, ctx)
+  assert folded.changed and "c3" not in [n.name for n in folded.graph.node
+                                         if n.op == "Mul"]
+  np.testing.assert_allclose(_run_graph(folded.graph, feed), [4.0, 4.0])
+  assert _run_graph(folded.graph, feed).tolist() == _run_graph(graph_def,
+                                                               feed).tolist()
+
+
+def test_prune_needs_to_know_what_to_keep():
+  with pytest.raises(ValueError, match="ctx.keep"):
+    prune(_hand_graph(), PassContext())
+  with pytest.raises(ValueError, match="nodes in the graph"):
+    prune(_hand_graph(), PassContext(keep=("nope",)))
+
+
+def test_pipeline_reports_and_verification_on_a_training_step(mlp):
+  step, inputs = mlp
+  ctx = PassContext.for_step(step, cluster=local_cluster(2))
+  calls = []
+  check = run_and_compare(step, inputs)
+
+  def verify(before, after, name):
+    calls.append(name)
+    check(before, after, name)
+
+  result = PassManager("prune,identity,fold,fuse,place", verify=verify).run(
+      step.graph_def, ctx)
+  assert [r.name for r in result.reports] == ["prune", "identity", "fold",
+                                              "fuse", "place"]
+  assert calls == [r.name for r in result.reports if r.changed]
+  assert "fuse" in calls and "place" in calls
+  assert "_FusedMatMul" in result.table()
+  assert all(n.device for n in result.graph.node)
+
+
+def test_verification_catches_a_wrong_rewrite(mlp):
+  step, inputs = mlp
+
+  def break_bias(before, after, name):
+    del before
+    broken = tf.compat.v1.GraphDef()
+    broken.CopyFrom(after)
+    for node in broken.node:
+      if node.op == "_FusedMatMul":
+        node.attr["fused_ops"].list.s[:] = [b"BiasAdd"]  # drop the ReLU
+    run_and_compare(step, inputs)(step.graph_def, broken, name)
+
+  with pytest.raises(PassError, match=r"Pass 'fuse' failed \(passes "
+                     r"completed before it: prune\).*differs"):
+    PassManager("prune,fuse", verify=break_bias).run(
+        step.graph_def, PassContext.for_step(step))
+
+
+def test_bad_pipelines_and_placements(mlp):
+  step, _ = mlp
+  assert {"prune", "identity", "fold", "fuse", "coarsen",
+          "place"} <= set(registered_passes())
+  with pytest.raises(ValueError, match="Argument `pipeline`.*Received: "
+                     "pipeline='prune,fuze'"):
+    PassManager("prune,fuze")
+  with pytest.raises(PassError, match="Pass 'place' failed.*ctx.cluster"):
+    PassManager("place").run(step.graph_def, PassContext.for_step(step))
+  names = local_cluster(2).devices
+  placement = {n.name: 0 for n in step.graph_def.node}
+  placement[step.graph_def.node[5].name] = 7
+  with pytest.raises(ValueError, match=r"device index in \[0, 2\)"):
+    apply_placement(step.graph_def, placement, [d.name for d in names])
+  placement = {n.name: 0 for n in step.graph_def.node}
+  del placement[step.graph_def.node[3].name]
+  with pytest.raises(ValueError, match="unplaced"):
+    apply_placement(step.graph_def, placement, [d.name for d in names])
+  # A variable on one device and one of its readers on another.
+  var = next(n.name for n in step.graph_def.node if n.op == "VarHandleOp")
+  reader = next(n.name for n in step.graph_def.node
+                if n.op == "ReadVariableOp" and n.input[0] == var)
+  placement = {n.name: 0 for n in step.graph_def.node}
+  placement[reader] = 1
+  with pytest.raises(ValueError, match="colocation group.*" + reader):
+    apply_placement(step.graph_def, placement, [d.name for d in names])
+  with pytest.raises(ValueError, match="Argument `graph_def`"):
+    PassManager("prune").run("not a graph")
+
+
+def test_unchanged_run_on_original_graph_is_equal(mlp):
+  # The oracle itself: two runs of the same graph agree exactly.
+  step, inputs = mlp
+  a, b = run_steps(step, inputs), run_steps(step, inputs)
+  for x, y in zip(a.outputs, b.outputs):
+    np.testing.assert_array_equal(x[0], y[0])

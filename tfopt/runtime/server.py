@@ -1,0 +1,37 @@
+"""One TensorFlow server task, run as its own process by `LoopbackServers`.
+
+    python -m tfopt.runtime.server --cluster='{"worker": [...]}' --task=1
+
+Starts `tf.distribute.Server` for job "worker" and serves until killed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+
+
+def main(argv=None) -> int:
+  parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  parser.add_argument("--cluster", required=True,
+                      help="cluster spec as JSON: {job: [host:port, ...]}")
+  parser.add_argument("--job", default="worker")
+  parser.add_argument("--task", type=int, required=True)
+  parser.add_argument("--inter_op_threads", type=int, default=0)
+  args = parser.parse_args(argv)
+  os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  spec = tf.train.ClusterSpec(json.loads(args.cluster))
+  config = tf.compat.v1.ConfigProto(
+      inter_op_parallelism_threads=args.inter_op_threads)
+  server = tf.distribute.Server(spec, job_name=args.job, task_index=args.task,
+                               config=config, start=True)
+  print(f"serving {args.job}:{args.task} at {server.target}", flush=True)
+  server.join()
+  return 0
+
+
+if __name__ == "__main__":
+  sys.exit(main())
