@@ -23,3 +23,15 @@ def test_bad_arguments_are_named():
     measure_transfer_times([8], repeats=0)
   with pytest.raises(ValueError, match="src_device"):
     measure_transfer_times([8], dst_device="/cpu:0")
+
+
+def test_two_logical_devices_of_one_session():
+  # `config` reaches the session: two logical CPU devices, measured in
+  # process (shared memory: no size dependence is required here).
+  import tensorflow as tf
+  points = measure_transfer_times(
+      [4, 4096], src_device="/job:localhost/replica:0/task:0/device:CPU:1",
+      dst_device="/job:localhost/replica:0/task:0/device:CPU:0",
+      config=tf.compat.v1.ConfigProto(device_count={"CPU": 2}), repeats=2)
+  assert [b for b, _ in points] == [4, 4096]
+  assert all(t >= 0 for _, t in points)

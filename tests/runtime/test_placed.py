@@ -7,10 +7,10 @@ import tensorflow as tf
 from tfopt import zoo
 from tfopt.cost.profile import profile_step
 from tfopt.graph import capture_train_step
-from tfopt.passes import PassContext, PassManager, apply_placement
-from tfopt.runtime import (LoopbackServers, calibrate, compare_runs,
-                           compile_step, local_cluster, run_steps,
-                           session_config, verify_devices)
+from tfopt.passes import PassContext, PassError, PassManager, apply_placement
+from tfopt.runtime import (LoopbackServers, actual_devices, calibrate,
+                           compare_runs, compile_step, local_cluster,
+                           run_steps, session_config, verify_devices)
 
 
 @pytest.fixture(scope="module")
@@ -112,3 +112,74 @@ def test_placed_step_across_processes_equals_one_device(cnn, tmp_path):
 def test_loopback_servers_bad_input():
   with pytest.raises(ValueError, match="num_tasks"):
     LoopbackServers(0)
+
+
+def test_function_bodies_follow_their_callers_device():
+  @tf.function
+  def f(x):
+    return tf.while_loop(lambda i, a: i < 3, lambda i, a: (i + 1, a * 2.0),
+                         (tf.constant(0), x))[1]
+
+  graph_def = f.get_concrete_function(
+      tf.TensorSpec([2], tf.float32)).graph.as_graph_def()
+  names = [d.name for d in local_cluster(2).devices]
+  placed = apply_placement(graph_def, {n.name: 1 for n in graph_def.node},
+                           names)
+  bodies = [n for fn in placed.library.function for n in fn.node_def]
+  assert bodies and all(n.device == names[1] for n in bodies)
+  output = next(n.name for n in placed.node if n.op == "Identity")
+  graph = tf.Graph()
+  with graph.as_default():
+    tf.graph_util.import_graph_def(placed, name="")
+  x = np.array([1.0, -3.0], np.float32)
+  options = tf.compat.v1.RunOptions(output_partition_graphs=True)
+  meta = tf.compat.v1.RunMetadata()
+  with tf.compat.v1.Session(graph=graph, config=session_config(
+      device_count={"CPU": 2})) as sess:
+    got = sess.run(f"{output}:0", {graph_def.node[0].name + ":0": x},
+                   options=options, run_metadata=meta)
+  np.testing.assert_array_equal(got, x * 8)
+  check = verify_devices(placed, actual_devices(meta))
+  assert check.ok and check.checked >= 2
+  # Callers on two devices: the shared body keeps no device of its own
+  # (the runtime places it with each call).
+  @tf.function
+  def g(a):
+    return a * 2.0
+
+  @tf.function
+  def h(x):
+    return g(x) + g(x + 1.0)
+
+  graph_def = h.get_concrete_function(
+      tf.TensorSpec([2], tf.float32)).graph.as_graph_def()
+  calls = [n.name for n in graph_def.node if "PartitionedCall" in n.op]
+  assert len(calls) == 2
+  plan = {n.name: 0 for n in graph_def.node}
+  plan[calls[1]] = 1
+  split = apply_placement(graph_def, plan, names)
+  (body,) = [f for f in split.library.function
+             if any(n.op == "Mul" for n in f.node_def)]
+  assert all(n.device == "" for n in body.node_def)
+  together = apply_placement(graph_def, {n: 1 for n in plan}, names)
+  (body,) = [f for f in together.library.function
+             if any(n.op == "Mul" for n in f.node_def)]
+  assert all(n.device == names[1] for n in body.node_def)
+
+
+def test_bad_graphs_and_devices_get_clear_errors(cnn):
+  step, batches, _ = cnn
+  broken = tf.compat.v1.GraphDef()
+  broken.CopyFrom(step.graph_def)
+  broken.node[3].op = "NoSuchOp"
+  with pytest.raises(PassError, match=r"Pass 'place' failed \(passes "
+                     r"completed before it: prune\).*can import"):
+    PassManager("prune,place").run(broken, PassContext.for_step(
+        step, cluster=local_cluster(2)))
+  names = ["/device:CPU:0", "/device:CPU:5"]
+  plan = {n.name: 0 for n in step.graph_def.node}
+  plan[step.input_names[0]] = 1
+  graph = apply_placement(step.graph_def, plan, names)
+  with pytest.raises(ValueError, match=r"devices of the session.*CPU:5"):
+    run_steps(step, batches[:1], graph_def=graph,
+              config=session_config(device_count={"CPU": 2}))

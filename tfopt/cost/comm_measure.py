@@ -58,11 +58,14 @@ def _timed(session, fetch, repeats: int) -> float:
 def measure_transfer_times(sizes: Sequence[int] = DEFAULT_SIZES, *,
                            src_device: str | None = None,
                            dst_device: str | None = None, target: str = "",
-                           repeats: int = 5) -> list[tuple[int, float]]:
+                           repeats: int = 5,
+                           config: tf.compat.v1.ConfigProto | None = None
+                           ) -> list[tuple[int, float]]:
   """(bytes, microseconds) of copying a tensor from `src` to `dst`.
 
   With no devices given, starts two in-process loopback servers and measures
-  worker 1 -> worker 0. Returns one pair per size: the median transfer time
+  worker 1 -> worker 0. `config` is the session's ConfigProto (e.g. with
+  `device_count={"CPU": 2}` to measure two logical CPU devices). Returns one pair per size: the median transfer time
   over `repeats` runs, minus the same computation without a transfer.
   """
   check_positive_int("repeats", repeats)
@@ -98,7 +101,9 @@ def measure_transfer_times(sizes: Sequence[int] = DEFAULT_SIZES, *,
           pair.append(tf.gather(value, [0]))
       fetches.append(pair)
     init = tf.compat.v1.global_variables_initializer()
-  config = tf.compat.v1.ConfigProto(allow_soft_placement=False)
+  if config is None:
+    config = tf.compat.v1.ConfigProto()
+  config.allow_soft_placement = False
   config.graph_options.rewrite_options.disable_meta_optimizer = True
   config.graph_options.optimizer_options.opt_level = (
       tf.compat.v1.OptimizerOptions.L0)

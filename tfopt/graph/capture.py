@@ -295,8 +295,9 @@ def _lift_captures(fn, variable_names: Callable[[tf.Variable], str] | None):
   return out, variables, input_names
 
 
-def _prune(graph_def: graph_pb2.GraphDef, keep_ops: Sequence[str]):
-  """Only the ops the roots need: what actually runs for those fetches."""
+def prune_graph_def(graph_def: graph_pb2.GraphDef, keep_ops: Sequence[str]):
+  """A copy with only the nodes `keep_ops` need (data and control inputs,
+  transitively): what actually runs for those fetches and targets."""
   by_name = {n.name: n for n in graph_def.node}
   needed, stack = set(), list(keep_ops)
   while stack:
@@ -329,7 +330,7 @@ def capture_function(fn, *, name: str = "function",
   output_names = tuple(t.name for t in fn.outputs)
   targets = tuple(sorted(op.name for op in fn.graph.control_outputs))
   roots = [t.partition(":")[0] for t in output_names] + list(targets)
-  graph_def = _prune(graph_def, roots + list(input_names))
+  graph_def = prune_graph_def(graph_def, roots + list(input_names))
   specs = tuple(tf.TensorSpec(t.shape, t.dtype, name=t.op.name)
                 for t in fn.graph.inputs[:len(input_names)])
   graph = opgraph_from_graphdef(graph_def, name=name, batch_size=batch_size,

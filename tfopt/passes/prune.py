@@ -32,16 +32,11 @@ def prune(graph_def: graph_pb2.GraphDef, ctx: PassContext) -> PassResult:
   if missing:
     raise invalid_argument("ctx.keep", "names of nodes in the graph",
                            missing[:5])
-  live, stack = set(), list(keep)
-  while stack:
-    name = stack.pop()
-    if name in live:
-      continue
-    live.add(name)
-    stack.extend(split_input(t)[0] for t in nodes[name].input)
-  dead = set(nodes) - live
-  return PassResult(copy_graph(graph_def, dead), bool(dead),
-                    f"{len(dead)} dead nodes removed" if dead else "")
+  from tfopt.graph.capture import prune_graph_def  # pylint: disable=g-import-not-at-top
+  out = prune_graph_def(graph_def, sorted(keep))
+  dead = len(graph_def.node) - len(out.node)
+  return PassResult(out, bool(dead),
+                    f"{dead} dead nodes removed" if dead else "")
 
 
 @register_pass("identity")

@@ -25,7 +25,8 @@ import tensorflow as tf
 from tfopt._errors import check_positive_int, invalid_argument
 from tfopt.cluster import Cluster
 from tfopt.cost.comm import CommModel
-from tfopt.runtime.session import StepSession, local_device_count, session_config
+from tfopt.runtime.session import (StepSession, local_device_count,
+                                   same_device, session_config)
 
 LOCAL_PREFIX = "/job:localhost/replica:0/task:0/device:CPU:"
 
@@ -61,20 +62,6 @@ def actual_devices(run_metadata) -> dict[str, str]:
   return found
 
 
-def _same_device(planned: str, actual: str) -> bool:
-  p, a = tf.DeviceSpec.from_string(planned), tf.DeviceSpec.from_string(actual)
-  for field in ("job", "replica", "task", "device_type", "device_index"):
-    want = getattr(p, field)
-    if want is None:
-      continue
-    got = getattr(a, field)
-    if field == "device_type":
-      want, got = want.upper(), (got or "").upper()
-    if want != got:
-      return False
-  return True
-
-
 @dataclasses.dataclass(frozen=True)
 class DeviceCheck:
   """Planned vs actual device per node."""
@@ -104,7 +91,7 @@ def verify_devices(graph_def, devices: Mapping[str, str]) -> DeviceCheck:
       not_run.append(node.name)
       continue
     checked += 1
-    if not _same_device(node.device, devices[node.name]):
+    if not same_device(node.device, devices[node.name]):
       mismatches.append((node.name, node.device, devices[node.name]))
   return DeviceCheck(checked, tuple(mismatches), tuple(not_run))
 

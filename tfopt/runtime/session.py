@@ -37,6 +37,39 @@ def session_config(*, inter_op_threads: int = 0, intra_op_threads: int = 0,
   return config
 
 
+def same_device(planned: str, actual: str) -> bool:
+  """Whether full device name `actual` is what `planned` (possibly partial,
+  e.g. "/device:CPU:1" or "/job:worker/task:1") names."""
+  p, a = tf.DeviceSpec.from_string(planned), tf.DeviceSpec.from_string(actual)
+  for field in ("job", "replica", "task", "device_type", "device_index"):
+    want = getattr(p, field)
+    if want is None:
+      continue
+    got = getattr(a, field)
+    if field == "device_type":
+      want, got = want.upper(), (got or "").upper()
+    if want != got:
+      return False
+  return True
+
+
+def check_devices_exist(graph_def, available) -> None:
+  """Raises ValueError naming the first node whose device string names no
+  device of `available` (full device names)."""
+  known: dict[str, bool] = {}
+  for node in graph_def.node:
+    if not node.device:
+      continue
+    if node.device not in known:
+      known[node.device] = any(same_device(node.device, a)
+                               for a in available)
+    if not known[node.device]:
+      raise invalid_argument(
+          "graph_def", f"device strings naming devices of the session "
+          f"({list(available)})", f"<node {node.name!r} on "
+          f"{node.device!r}>")
+
+
 def local_device_count(graph_def) -> dict[str, int]:
   """{"CPU": n} with n covering every /device:CPU:i a node of `graph_def`
   names in this process (a Session ignores logical device configuration and
@@ -95,6 +128,13 @@ class StepSession:
       config = session_config(device_count=local_device_count(self.graph_def))
     self.session = tf.compat.v1.Session(target=target, graph=self.graph,
                                         config=config)
+    try:
+      # A device string naming no device would fail deep in the runtime.
+      check_devices_exist(self.graph_def,
+                          [d.name for d in self.session.list_devices()])
+    except ValueError:
+      self.session.close()
+      raise
     self.session.run(self._init, self._init_feeds)
 
   def run(self, inputs: Sequence[np.ndarray], *, options=None,
