@@ -169,8 +169,7 @@ def main(argv):
   print("\n" + xla.summary() + (" (losses equal the unplaced step's to "
                                 "1e-4)" if xla.compiled else ""))
   if not xla.compiled and FLAGS.devices > 1:
-    single = compile_step(step, batches, graph_def=result.graph if plan is
-                          None else _unplaced(placed))
+    single = compile_step(step, batches, graph_def=_unplaced(placed))
     print("on one device: " + single.summary())
   calibration = calibrate(step, placed, costs, cluster, batches[0],
                           fused=ctx.fused)

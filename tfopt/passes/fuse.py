@@ -23,7 +23,7 @@ from __future__ import annotations
 from tensorflow.core.framework import attr_value_pb2, graph_pb2, types_pb2
 
 from tfopt.passes.base import PassContext, PassResult, register_pass
-from tfopt.passes.graph_util import consumers, node_map, split_input
+from tfopt.passes.graph_util import consumers, split_input
 
 ACTIVATIONS = ("Relu", "Relu6", "Elu", "LeakyRelu")
 BATCH_NORMS = ("FusedBatchNorm", "FusedBatchNormV2", "FusedBatchNormV3")
@@ -66,7 +66,7 @@ def _sole_consumer(name, uses, keep):
   return consumer if _sole_data_use(name, uses, keep, consumer.name) else None
 
 
-def _match(root, nodes, uses, keep):
+def _match(root, uses, keep):
   """(members, kind) for the fusion starting at MatMul/Conv2D `root`."""
   if root.op not in ("MatMul", "Conv2D") or not _is_float32(root):
     return None
@@ -132,11 +132,10 @@ def _fused_node(members, kind, out_graph):
 def fuse(graph_def: graph_pb2.GraphDef, ctx: PassContext) -> PassResult:
   """Fuses MatMul/Conv2D with their bias or batch norm and activation."""
   keep = set(ctx.keep)
-  nodes = node_map(graph_def)
   uses = consumers(graph_def)
   groups, absorbed = {}, {}
   for node in graph_def.node:
-    found = _match(node, nodes, uses, keep)
+    found = _match(node, uses, keep)
     if found is None:
       continue
     members, kind = found
@@ -160,11 +159,18 @@ def fuse(graph_def: graph_pb2.GraphDef, ctx: PassContext) -> PassResult:
   # Readers of an absorbed node (shape ops, control edges) read the fused
   # node instead: same shape, and it runs after everything it replaced.
   for node in out.node:
-    for i, text in enumerate(node.input):
-      name, port, control = split_input(text)
+    inputs, seen = [], set()
+    for text in node.input:
+      name, _, control = split_input(text)
       if name in absorbed and absorbed[name] != name and \
           node.name != absorbed[name]:
-        node.input[i] = ("^" if control else "") + absorbed[name]
+        text = ("^" if control else "") + absorbed[name]
+      if control and text in seen:
+        continue  # two absorbed nodes may redirect to one fused node
+      seen.add(text)
+      inputs.append(text)
+    del node.input[:]
+    node.input.extend(inputs)
   counts = {}
   for members, _ in groups.values():
     op = "_FusedMatMul" if members[0].op == "MatMul" else "_FusedConv2D"

@@ -21,7 +21,12 @@ from typing import Mapping, Sequence
 from tensorflow.core.framework import graph_pb2
 
 from tfopt._errors import invalid_argument
+from tfopt.cost import analytic
+from tfopt.cost.cost_model import CostModel, OpCost
+from tfopt.graph.capture import opgraph_from_graphdef
 from tfopt.passes.base import PassContext, PassResult, register_pass
+from tfopt.placement.api import place
+from tfopt.placement.coarsen import coarsen
 
 
 def _called_functions(node, library_names) -> list[str]:
@@ -87,7 +92,6 @@ def apply_placement(graph_def: graph_pb2.GraphDef, placement: Mapping[str, int],
           f"{len(device_names)}) (devices: {device_names})", d)
   if colocation:
     if graph is None:
-      from tfopt.graph.capture import opgraph_from_graphdef  # pylint: disable=g-import-not-at-top
       graph = opgraph_from_graphdef(graph_def, inline=False)
     check_colocation(graph, placement)
   out = graph_pb2.GraphDef()
@@ -117,8 +121,6 @@ def apply_placement(graph_def: graph_pb2.GraphDef, placement: Mapping[str, int],
 def step_costs(graph, ctx: PassContext):
   """Costs for every op of the current graph: measured costs by name; a
   fused op costs the sum of the ops it replaced; anything new is estimated."""
-  from tfopt.cost import analytic  # pylint: disable=g-import-not-at-top
-  from tfopt.cost.cost_model import CostModel, OpCost  # pylint: disable=g-import-not-at-top
   given = ctx.costs or {}
   table = {}
   for op in graph.ops:
@@ -138,7 +140,6 @@ def step_costs(graph, ctx: PassContext):
 
 
 def _opgraph(graph_def, ctx):
-  from tfopt.graph.capture import opgraph_from_graphdef  # pylint: disable=g-import-not-at-top
   return opgraph_from_graphdef(graph_def, batch_size=ctx.batch_size,
                                inline=False)
 
@@ -152,7 +153,6 @@ def coarsen_pass(graph_def: graph_pb2.GraphDef,
   places the contracted graph as well as the original one and expands the
   coarse plan back to every op. `ctx.results["coarsening"]` has the report.
   """
-  from tfopt.placement.coarsen import coarsen  # pylint: disable=g-import-not-at-top
   graph = _opgraph(graph_def, ctx)
   coarse = coarsen(graph, step_costs(graph, ctx))
   ctx.coarsen = True
@@ -174,7 +174,6 @@ def place_pass(graph_def: graph_pb2.GraphDef, ctx: PassContext) -> PassResult:
   graph = _opgraph(graph_def, ctx)
   placement = ctx.placement
   if placement is None:
-    from tfopt.placement.api import place  # pylint: disable=g-import-not-at-top
     result = place(graph, ctx.cluster, step_costs(graph, ctx), ctx.placer,
                    coarsen=True if ctx.coarsen else None)
     ctx.results["placement"] = result
