@@ -35,16 +35,13 @@ def test_profile_times_are_positive_and_flagged(step_and_batch):
   assert costs[kernel].persistent_bytes == 512 * 1024 * 4
 
 
-def test_two_profiles_agree_within_noise(step_and_batch):
-  step, batch = step_and_batch
-  # Medians of 9 traced steps: contention spikes on a shared machine are
-  # outvoted.
-  first = profile_step(step, inputs=batch, steps=9, warmup=2)
-  second = profile_step(step, inputs=batch, steps=9, warmup=2)
+def _agree(first, second) -> bool:
+  """Whether two profiles of one step have the same shape (see below)."""
   # Load on a shared 2-core machine slows a whole run down; the totals stay
   # within a factor that a broken profiler (zeros, wrong units) would miss.
-  assert first.total_compute_us() == pytest.approx(
-      second.total_compute_us(), rel=0.5)
+  if not first.total_compute_us() == pytest.approx(
+      second.total_compute_us(), rel=0.5):
+    return False
   # What placement uses is the profile's shape: each heavy op's share of the
   # step (ops over 2 % of it), and their order. Those agree run to run
   # (measured here: median share change <= 23 %).
@@ -53,12 +50,27 @@ def test_two_profiles_agree_within_noise(step_and_batch):
   assert len(heavy) >= 5
   share = lambda costs, n: costs[n].compute_us / costs.total_compute_us()
   ratios = [math.log(share(second, n) / share(first, n)) for n in heavy]
-  assert float(np.median(np.abs(ratios))) < math.log(1.5)
+  if float(np.median(np.abs(ratios))) >= math.log(1.5):
+    return False
   # The heavy ops' times correlate run to run. (Log times, not ranks:
   # MatMuls of equal size take nearly equal time, so their order is noise.)
   a = np.log([first[n].compute_us for n in heavy])
   b = np.log([second[n].compute_us for n in heavy])
-  assert float(np.corrcoef(a, b)[0, 1]) > 0.7
+  return float(np.corrcoef(a, b)[0, 1]) > 0.7
+
+
+def test_two_profiles_agree_within_noise(step_and_batch):
+  step, batch = step_and_batch
+  # Medians of 9 traced steps: contention spikes on a shared machine are
+  # outvoted. A burst of load can still skew one profile (seen once in a
+  # full suite run: correlation 0.52), so of three profiles one pair must
+  # agree; a broken profiler (zeros, wrong units, noise) agrees with none.
+  profiles = [profile_step(step, inputs=batch, steps=9, warmup=2)
+              for _ in range(2)]
+  if not _agree(*profiles):
+    profiles.append(profile_step(step, inputs=batch, steps=9, warmup=2))
+    assert _agree(profiles[0], profiles[2]) or _agree(profiles[1],
+                                                      profiles[2])
 
 
 def test_bad_arguments_are_named(step_and_batch):

@@ -48,6 +48,8 @@ class CapturedStep:
       (variable updates, metric updates).
     variables: VarHandleOp name -> the tf.Variable holding its value.
     batch_size: the batch size the step was traced at, if known.
+    output_structure: the function's structured outputs (e.g. the logs dict
+      of a train step), to pack the flat outputs back; None if unknown.
   """
   graph: OpGraph
   graph_def: graph_pb2.GraphDef
@@ -57,6 +59,7 @@ class CapturedStep:
   target_names: tuple[str, ...]
   variables: Mapping[str, tf.Variable]
   batch_size: int | None = None
+  output_structure: Any = None
 
   def sample_inputs(self, seed: int = 0) -> list[np.ndarray]:
     """Random inputs matching `input_specs`: normal floats, zero integers."""
@@ -336,7 +339,7 @@ def capture_function(fn, *, name: str = "function",
   graph = opgraph_from_graphdef(graph_def, name=name, batch_size=batch_size,
                                 inline=False)
   return CapturedStep(graph, graph_def, input_names, specs, output_names,
-                      targets, variables, batch_size)
+                      targets, variables, batch_size, fn.structured_outputs)
 
 
 def opgraph_from_function(fn, *, name: str = "function",

@@ -42,6 +42,8 @@ class PassContext:
     cluster: the devices for the placement pass.
     placer: the placer the placement pass runs ("auto" or a name).
     placement: a ready Placement; the placement pass then only writes it.
+    pins: op name -> device index the placer must keep (its colocation
+      group follows), e.g. each variable on the device it lives on.
     coarsen: set by the coarsen pass: placement also tries coarse graphs.
     fused: set by the fusion pass: fused node -> the nodes it replaced, so
       the fused op's cost is its members' sum.
@@ -53,6 +55,7 @@ class PassContext:
   cluster: object | None = None
   placer: str = "auto"
   placement: Mapping[str, int] | None = None
+  pins: Mapping[str, int] | None = None
   coarsen: bool = False
   fused: dict[str, tuple[str, ...]] = dataclasses.field(default_factory=dict)
   results: dict[str, object] = dataclasses.field(default_factory=dict)

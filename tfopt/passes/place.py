@@ -175,7 +175,7 @@ def place_pass(graph_def: graph_pb2.GraphDef, ctx: PassContext) -> PassResult:
   placement = ctx.placement
   if placement is None:
     result = place(graph, ctx.cluster, step_costs(graph, ctx), ctx.placer,
-                   coarsen=True if ctx.coarsen else None)
+                   pins=ctx.pins, coarsen=True if ctx.coarsen else None)
     ctx.results["placement"] = result
     placement = result.placement
   out = apply_placement(graph_def, placement,

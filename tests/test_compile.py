@@ -1,0 +1,141 @@
+"""tfopt.compile: Keras' fit trains with the rewritten (fused, placed) step
+and gives the loss trajectory plain Keras gives."""
+
+import json
+import subprocess
+import sys
+
+import keras
+import numpy as np
+import pytest
+
+import tfopt
+from tfopt import zoo
+
+
+def _mlp():
+  keras.utils.set_random_seed(0)
+  return zoo.mlp(hidden=(32, 32), input_dim=16)
+
+
+def _loss():
+  return keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+
+
+def test_fit_with_the_hook_matches_plain_keras(tmp_path, capsys):
+  plain = _mlp()
+  x, y = plain.batch(64)
+  expected = plain.model.fit(x, y, batch_size=16, epochs=3, shuffle=False,
+                             verbose=0).history["loss"]
+  model = tfopt.compile(_mlp().model, optimizer="adam", loss=_loss(),
+                        metrics=["accuracy"])
+  history = model.fit(x, y, batch_size=16, epochs=3, shuffle=False,
+                      verbose=0).history
+  np.testing.assert_allclose(history["loss"], expected, rtol=1e-6)
+  assert set(history) == {"loss", "accuracy"}
+  (report,) = model.train_function.reports.values()
+  assert "_FusedMatMul +3" in report.pipeline_table
+  assert "tfopt.compile: step for inputs" in capsys.readouterr().out
+  # The same weights as plain Keras after training, so predict agrees.
+  np.testing.assert_allclose(model.predict(x, verbose=0),
+                             plain.model.predict(x, verbose=0), atol=1e-5)
+  assert np.isfinite(model.evaluate(x, y, verbose=0)[0])
+  path = tmp_path / "m.keras"
+  model.save(path)
+  loaded = keras.saving.load_model(path, compile=False)
+  np.testing.assert_allclose(loaded.predict(x, verbose=0),
+                             model.predict(x, verbose=0), atol=1e-6)
+  # A second batch size builds (and reports) a second step.
+  model.fit(x[:48], y[:48], batch_size=24, epochs=1, verbose=0)
+  assert len(model.train_function.reports) == 2
+  # Keras' own compile removes the hook.
+  model.compile(optimizer="adam", loss=_loss())
+  assert model.train_function is None
+
+
+_PLACED = """
+import json, sys
+import tensorflow as tf
+cpu = tf.config.list_physical_devices("CPU")[0]
+tf.config.set_logical_device_configuration(
+    cpu, [tf.config.LogicalDeviceConfiguration()] * 2)
+import keras, numpy as np, tfopt
+from tfopt import zoo
+def build():
+  keras.utils.set_random_seed(0)
+  return zoo.mlp(hidden=(32, 32), input_dim=16)
+loss = lambda: keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+m = build(); x, y = m.batch(64)
+plain = m.model.fit(x, y, batch_size=16, epochs=2, shuffle=False,
+                    verbose=0).history["loss"]
+model = tfopt.compile(build().model, optimizer="adam", loss=loss(),
+                      placement="m-etf",
+                      devices=["/device:CPU:0", "/device:CPU:1"],
+                      memory_per_device=1 << 30, verbose=False)
+placed = model.fit(x, y, batch_size=16, epochs=2, shuffle=False,
+                   verbose=0).history["loss"]
+(report,) = model.train_function.reports.values()
+print(json.dumps({"plain": plain, "placed": placed,
+                  "devices": list(report.devices_used),
+                  "verified": report.ops_verified, "placer": report.placer}))
+"""
+
+
+@pytest.mark.slow
+def test_placed_fit_on_two_logical_devices_matches_plain_keras():
+  # Logical devices must exist before TensorFlow starts: a fresh process.
+  done = subprocess.run([sys.executable, "-c", _PLACED], capture_output=True,
+                        text=True, timeout=600, check=False)
+  assert done.returncode == 0, done.stderr[-3000:]
+  result = json.loads(done.stdout.strip().splitlines()[-1])
+  np.testing.assert_allclose(result["placed"], result["plain"], rtol=1e-6)
+  assert result["devices"] == ["/device:CPU:0", "/device:CPU:1"]
+  assert result["verified"] > 200 and result["placer"].startswith("m-etf")
+
+
+class _Untraceable(keras.Model):
+  """Converts a tensor to a Python int in call: fine eagerly, not traced."""
+
+  def __init__(self):
+    super().__init__()
+    self.dense = keras.layers.Dense(3)
+
+  def call(self, x):
+    return self.dense(x) * float(int(keras.ops.sum(x) > 0))
+
+
+def test_bad_input_gets_clear_errors():
+  model = _mlp().model
+  with pytest.raises(ValueError, match="steps_per_execution"):
+    tfopt.compile(model, optimizer="adam", loss=_loss(), steps_per_execution=4)
+  with pytest.raises(ValueError, match="Argument `jit_compile` must be False"):
+    tfopt.compile(model, optimizer="adam", loss=_loss(), jit_compile=True)
+  with pytest.raises(ValueError, match="Argument `devices`.*non-empty"):
+    tfopt.compile(model, optimizer="adam", loss=_loss(), placement="auto")
+  with pytest.raises(ValueError, match="set_logical_device_configuration"):
+    tfopt.compile(model, optimizer="adam", loss=_loss(), placement="auto",
+                  devices=["/device:CPU:0", "/device:CPU:7"])
+  with pytest.raises(ValueError, match="Argument `placement`"):
+    tfopt.compile(model, optimizer="adam", loss=_loss(), placement="m-fast",
+                  devices=["/device:CPU:0"])
+  with pytest.raises(ValueError, match="given only with `placement`"):
+    tfopt.compile(model, optimizer="adam", loss=_loss(),
+                  devices=["/device:CPU:0"])
+  with pytest.raises(ValueError, match="memory_per_device"):
+    tfopt.compile(model, optimizer="adam", loss=_loss(), placement="auto",
+                  devices=["/device:CPU:0"], memory_per_device=-1)
+  with pytest.raises(ValueError, match="Argument `model`"):
+    tfopt.compile("model", optimizer="adam", loss=_loss())
+  # XLA alone is Keras' own: allowed, no hook.
+  plain = tfopt.compile(model, optimizer="adam", loss=_loss(),
+                        jit_compile=True, fusion=False)
+  assert plain.train_function is None and plain.jit_compile
+  sub = _Untraceable()
+  x = np.ones((8, 4), "float32")
+  sub(x)
+  tfopt.compile(sub, optimizer="sgd", loss="mse", verbose=False)
+  with pytest.raises(RuntimeError, match="could not capture.*functional"):
+    sub.fit(x, np.zeros((8, 3), "float32"), batch_size=8, verbose=0)
+  # The failed trace left no Keras name scope open behind it.
+  fresh = _mlp().model
+  assert fresh.trainable_variables[0].path == "dense_0/kernel"
