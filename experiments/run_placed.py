@@ -24,7 +24,8 @@ and variables equal the unplaced step's to 1e-5 and all 514 ops ran where
 planned, in-process and across 4 processes; XLA compiles about 480 ops in
 per-device clusters (not the fused op); measured / simulated step time
 about 0.7-0.8 (the logical devices share memory, so their copies cost less
-than the PCIe-like link the plan assumed). Files in --out_dir: gantt.png, plan.json, saved_model/.
+than the PCIe-like link the plan assumed). Files in --out_dir: gantt.png,
+plan.json, saved_model/.
 """
 
 from __future__ import annotations

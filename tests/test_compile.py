@@ -139,3 +139,13 @@ def test_bad_input_gets_clear_errors():
   # The failed trace left no Keras name scope open behind it.
   fresh = _mlp().model
   assert fresh.trainable_variables[0].path == "dense_0/kernel"
+
+
+def test_sample_weights_are_refused():
+  m = _mlp()
+  x, y = m.batch(16)
+  model = tfopt.compile(m.model, optimizer="adam", loss=_loss(),
+                        verbose=False)
+  with pytest.raises(ValueError, match="Argument `sample_weight`"):
+    model.fit(x, y, sample_weight=np.ones(16, "float32"), batch_size=8,
+              verbose=0)

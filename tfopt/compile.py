@@ -96,8 +96,7 @@ class _OptimizedTrainFunction:
     x, y, sample_weight = keras.utils.unpack_x_y_sample_weight(data)
     if sample_weight is not None:
       raise invalid_argument("sample_weight", "None with tfopt.compile (the "
-                             "captured step takes (x, y) only)",
-                             "<given>", NotImplementedError)
+                             "captured step takes (x, y) only)", "<given>")
     key = _signature(x, y)
     if key not in self.steps:
       self.steps[key] = self._build(x, y, key)
