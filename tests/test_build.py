@@ -37,9 +37,13 @@ def test_every_module_and_test_has_a_target():
   assert _py_files("tests", "test_*.py") == tests
   binaries = {s for rule, _, srcs in targets if rule == "py_binary"
               for s in srcs}
-  scripts = {p for p in _py_files("experiments") | _py_files("benchmarks")
-             if not p.endswith("__init__.py")}
+  # Scripts: the top-level experiments/ and benchmarks/ modules not named
+  # _*.py; their helpers and config files are a library.
+  every_script = _py_files("experiments") | _py_files("benchmarks")
+  scripts = {p for p in every_script if p.count("/") == 1 and
+             not p.rsplit("/", 1)[1].startswith("_")}
   assert scripts == binaries
+  assert every_script - scripts <= library, every_script - scripts - library
   every = {s for _, _, srcs in targets for s in srcs}
   assert all((ROOT / s).exists() for s in every), "BUILD names missing files"
 

@@ -130,3 +130,56 @@ def test_run_placed_script_end_to_end(tmp_path):
   again = subprocess.run(args, cwd=ROOT, capture_output=True, text=True,
                          timeout=600)
   assert again.returncode != 0 and "--overwrite" in again.stderr
+
+
+def _train(*args):
+  return subprocess.run([sys.executable, "-m", "experiments.train", *args],
+                        cwd=ROOT, capture_output=True, text=True, timeout=600)
+
+
+@pytest.mark.slow
+def test_train_script_configs(tmp_path):
+  out = tmp_path / "run.json"
+  done = _train("--config=experiments/configs/train_digits_mlp.py",
+                "--epochs=4", f"--out={out}")
+  assert done.returncode == 0, done.stderr[-3000:]
+  result = json.loads(out.read_text())
+  assert result["final"]["val_accuracy"] >= 0.9
+  assert result["config"]["optimizer"] == "cautious_adamw"
+  assert "_FusedMatMul +3" in result["reports"][0]
+  assert "MFU" in done.stdout
+  again = _train("--config=experiments/configs/train_digits_mlp.py",
+                 "--epochs=1", f"--out={out}")
+  assert again.returncode != 0 and "--overwrite" in again.stderr
+  placed = _train("--config=experiments/configs/train_digits_mlp_placed.py",
+                  "--epochs=3")
+  assert placed.returncode == 0, placed.stderr[-3000:]
+  assert "devices used: ['/device:CPU:0', '/device:CPU:1']" in placed.stdout
+  assert "ops ran where planned" in placed.stdout
+
+
+def test_train_script_bad_configs(tmp_path):
+  missing = _train(f"--config={tmp_path / 'nope.py'}")
+  assert missing.returncode != 0 and "does not exist" in missing.stderr
+  bad = tmp_path / "bad.py"
+  bad.write_text('CONFIG = {"modle": "mlp"}\n')
+  unknown = _train(f"--config={bad}")
+  assert unknown.returncode != 0 and "unknown keys ['modle']" in \
+      unknown.stderr
+  bad.write_text('CONFIG = {"optimizer": "sgdd"}\n')
+  wrong = _train(f"--config={bad}")
+  assert wrong.returncode != 0 and "optimizer must be one of" in wrong.stderr
+
+
+def test_every_config_states_its_command_and_expected_result():
+  import ast
+  configs = sorted((ROOT / "experiments" / "configs").glob("*.py"))
+  configs = [c for c in configs if c.name != "__init__.py"]
+  assert configs
+  for path in configs:
+    tree = ast.parse(path.read_text())
+    doc = ast.get_docstring(tree) or ""
+    assert f"--config=experiments/configs/{path.name}" in doc, path
+    assert "python -m experiments." in doc and "Expected" in doc, path
+    assert any(isinstance(n, ast.Assign) and n.targets[0].id == "CONFIG"
+               for n in tree.body), path

@@ -1,0 +1,1 @@
+"""Config files of the experiment scripts (see experiments/_config.py)."""
