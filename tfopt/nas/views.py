@@ -126,8 +126,12 @@ def scatter_png(path, space, archs, coords, scores, status,
                  label=kind)
   best = [i for i, s in enumerate(scores) if s is not None and s == hi]
   for i in best[:1]:
+    # Label toward the plot's centre, so a point near an edge keeps its
+    # label inside the axes.
+    right = coords[i, 0] > float(np.median(coords[:, 0]))
     ax.annotate(space.describe(archs[i]), coords[i], fontsize=7,
-                xytext=(4, 4), textcoords="offset points")
+                xytext=(-4 if right else 4, 4), textcoords="offset points",
+                ha="right" if right else "left")
   ax.set_title(f"{title}\ncolour: one-shot {metric} {lo:.3f} (red) - "
                f"{mid:.3f} (white) - {hi:.3f} (blue), grey: not evaluated",
                fontsize=9)

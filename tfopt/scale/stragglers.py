@@ -316,14 +316,17 @@ def heatmap_png(path: str, report: StragglerReport,
   import matplotlib  # pylint: disable=import-outside-toplevel
   matplotlib.use("Agg")
   import matplotlib.pyplot as plt  # pylint: disable=import-outside-toplevel
-  fig, ax = plt.subplots(figsize=(8, 1.2 + 0.4 * len(report.lateness)))
+  workers = len(report.lateness)
+  fig, ax = plt.subplots(figsize=(8, 1.8 + 0.4 * workers))
   image = ax.imshow(report.lateness * 1e3, aspect="auto", cmap="magma",
                     interpolation="nearest")
-  fig.colorbar(image, ax=ax, label="ms later than the median of the others")
+  fig.colorbar(image, ax=ax, label="ms late vs\nthe others' median")
+  ax.set_yticks(range(workers))
   ax.set_xlabel("step")
   ax.set_ylabel("worker")
   ax.set_title("stragglers: " + (", ".join(f"worker {w}" for w in
                                             report.stragglers) or "none"))
+  fig.tight_layout()
   try:
     atomic_write(path, lambda tmp: fig.savefig(tmp, dpi=100, format="png"),
                  overwrite=overwrite)
