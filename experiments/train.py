@@ -5,7 +5,7 @@ included), the tfopt.compile hook (fusion, placement), MFU monitor.
 
 The knobs are in the config file (see experiments/configs/, each with its
 command and expected result); flags: --config, --epochs (override),
---out (history JSON), --overwrite.
+--out (history JSON), --mfu_png (timeline picture), --overwrite.
 """
 
 from __future__ import annotations
@@ -24,7 +24,10 @@ flags.DEFINE_string("config", "experiments/configs/train_digits_mlp.py",
                     "Config file (experiments/configs/*.py).")
 flags.DEFINE_integer("epochs", None, "Override the config's epochs.")
 flags.DEFINE_string("out", None, "Write the history and reports as JSON.")
-flags.DEFINE_bool("overwrite", False, "Replace --out if it exists.")
+flags.DEFINE_string("mfu_png", None, "Draw the MFU / step-time timeline "
+                    "here (needs mfu in the config).")
+flags.DEFINE_bool("overwrite", False, "Replace --out / --mfu_png if they "
+                  "exist.")
 
 DEFAULTS = {
     "model": "mlp", "model_kwargs": {}, "data": "digits",
@@ -87,9 +90,13 @@ def main(argv):
   if config["data"] not in ("digits", "synthetic"):
     raise app.UsageError(f"data must be 'digits' or 'synthetic'. Received: "
                          f"{config['data']!r}")
-  if FLAGS.out and os.path.exists(FLAGS.out) and not FLAGS.overwrite:
-    raise app.UsageError(f"--out={FLAGS.out} exists; pass --overwrite to "
-                         f"replace it.")
+  for name in ("out", "mfu_png"):
+    path = getattr(FLAGS, name)
+    if path and os.path.exists(path) and not FLAGS.overwrite:
+      raise app.UsageError(f"--{name}={path} exists; pass --overwrite to "
+                           f"replace it.")
+  if FLAGS.mfu_png and not config["mfu"]:
+    raise app.UsageError("--mfu_png needs mfu: True in the config.")
   import tensorflow as tf
   # Logical devices must exist before TensorFlow starts its runtime.
   if config["logical_devices"] > 1:
@@ -131,6 +138,9 @@ def main(argv):
     summary = callbacks[0].summary()
     print(f"MFU {summary['mfu']:.4f} at {summary['samples_per_s']:.0f} "
           f"samples/s (median step {summary['step_s'] * 1e3:.2f} ms)")
+    if FLAGS.mfu_png:
+      callbacks[0].timeline_png(FLAGS.mfu_png, overwrite=FLAGS.overwrite)
+      print(f"wrote {FLAGS.mfu_png}")
   if FLAGS.out:
     from tfopt._io import atomic_write_text
     reports = [r.table() for r in getattr(compiled.train_function, "reports",

@@ -140,9 +140,11 @@ def _train(*args):
 @pytest.mark.slow
 def test_train_script_configs(tmp_path):
   out = tmp_path / "run.json"
+  png = tmp_path / "mfu.png"
   done = _train("--config=experiments/configs/train_digits_mlp.py",
-                "--epochs=4", f"--out={out}")
+                "--epochs=4", f"--out={out}", f"--mfu_png={png}")
   assert done.returncode == 0, done.stderr[-3000:]
+  assert png.read_bytes()[:4] == b"\x89PNG"
   result = json.loads(out.read_text())
   assert result["final"]["val_accuracy"] >= 0.9
   assert result["config"]["optimizer"] == "cautious_adamw"

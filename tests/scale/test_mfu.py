@@ -56,3 +56,21 @@ def test_peak_from_table_and_errors():
     MFUMonitor(x)
   with pytest.raises(RuntimeError, match="at least two batches"):
     MFUMonitor((x, y), peak_flops=1.0).summary()
+
+
+def test_timeline_png(tmp_path):
+  model = _model()
+  x = np.random.default_rng(0).normal(size=(128, 32)).astype("float32")
+  y = np.zeros((128, 8), "float32")
+  monitor = MFUMonitor((x[:16], y[:16]), peak_flops=1e9)
+  with pytest.raises(RuntimeError, match="needs a fit"):
+    monitor.timeline_png(str(tmp_path / "early.png"))
+  model.fit(x, y, batch_size=16, epochs=3, verbose=0, callbacks=[monitor])
+  assert monitor.epoch_starts == [0, 7, 14]  # 7 clean steps per epoch
+  path = tmp_path / "mfu.png"
+  monitor.timeline_png(str(path), window=3)
+  assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+  with pytest.raises(FileExistsError):
+    monitor.timeline_png(str(path))
+  with pytest.raises(ValueError, match="Argument `window`"):
+    monitor.timeline_png(str(tmp_path / "w.png"), window=0)

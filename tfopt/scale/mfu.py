@@ -89,6 +89,7 @@ class MFUMonitor(keras.callbacks.Callback):
     self.peak = None
     self.batch_size = int(np.shape(sample_batch[0])[0])
     self.step_times: list = []
+    self.epoch_starts: list = []  # index into step_times of each epoch
     self.epochs: list = []
     self._last = None
     self._train_start = None
@@ -109,6 +110,7 @@ class MFUMonitor(keras.callbacks.Callback):
   def on_epoch_begin(self, epoch, logs=None):
     self._last = None  # the first step of an epoch is not a clean sample
     self._epoch_first = len(self.step_times)
+    self.epoch_starts.append(self._epoch_first)
 
   def on_train_batch_end(self, batch, logs=None):
     now = time.perf_counter()
@@ -133,6 +135,47 @@ class MFUMonitor(keras.callbacks.Callback):
 
   def _mfu(self, times) -> float:
     return self.flops_per_step / statistics.median(times) / self.peak
+
+  def timeline_png(self, path: str, *, window: int = 10,
+                   overwrite: bool = False) -> None:
+    """Step time and MFU per step (rolling median of `window` steps), epoch
+    starts marked, as a PNG written atomically."""
+    if not self.step_times:
+      raise RuntimeError("MFUMonitor.timeline_png() needs a fit with at least "
+                         "two batches in an epoch.")
+    if isinstance(window, bool) or not isinstance(window, int) or window < 1:
+      raise invalid_argument("window", "a positive integer", window)
+    import matplotlib  # pylint: disable=import-outside-toplevel
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt  # pylint: disable=import-outside-toplevel
+    from tfopt._io import atomic_write  # pylint: disable=import-outside-toplevel
+    times = np.asarray(self.step_times)
+    rolling = np.array([np.median(times[max(0, i - window + 1):i + 1])
+                        for i in range(len(times))])
+    steps = np.arange(len(times))
+    fig, (top, bottom) = plt.subplots(2, 1, figsize=(8, 4.2), sharex=True)
+    top.plot(steps, times * 1e3, lw=0.6, color="#999999", label="step")
+    top.plot(steps, rolling * 1e3, lw=1.4, color="#1f77b4",
+             label=f"median of {window}")
+    top.set_ylabel("step time (ms)")
+    top.legend(fontsize=8, loc="upper right")
+    bottom.plot(steps, 100 * self.flops_per_step / rolling / self.peak,
+                lw=1.4, color="#d62728")
+    bottom.set_ylabel("MFU (%)")
+    bottom.set_xlabel("step (first step of each epoch excluded)")
+    for start in self.epoch_starts[1:]:
+      for ax in (top, bottom):
+        ax.axvline(start - 0.5, color="#cccccc", lw=0.8, ls="--")
+    summary = self.summary()
+    top.set_title(f"MFU {100 * summary['mfu']:.2f} % of {self.peak:.3g} "
+                  f"FLOP/s, {summary['samples_per_s']:.0f} samples/s "
+                  f"(dashed: epoch starts)", fontsize=9)
+    fig.tight_layout()
+    try:
+      atomic_write(path, lambda tmp: fig.savefig(tmp, dpi=100, format="png"),
+                   overwrite=overwrite)
+    finally:
+      plt.close(fig)
 
   def summary(self) -> dict:
     """FLOPs per step, peak, median step time, MFU, samples/s, goodput."""
