@@ -25,7 +25,7 @@ import math
 import numpy as np
 
 from tfopt._errors import invalid_argument
-from tfopt._io import atomic_write, atomic_write_text
+from tfopt._io import atomic_write_text
 
 STATUSES = ("open", "excluded", "locked")
 _LOW, _MID, _HIGH = (178, 24, 43), (247, 247, 247), (33, 102, 172)
@@ -95,19 +95,13 @@ def _scale(scores):
 
 # PNG ---------------------------------------------------------------------
 def _pyplot():
-  import matplotlib  # pylint: disable=import-outside-toplevel
-  matplotlib.use("Agg")
-  import matplotlib.pyplot as plt  # pylint: disable=import-outside-toplevel
-  return plt
+  from tfopt._plot import pyplot  # pylint: disable=import-outside-toplevel
+  return pyplot()
 
 
 def _save_png(fig, path, overwrite):
-  plt = _pyplot()
-  try:
-    atomic_write(path, lambda tmp: fig.savefig(tmp, dpi=110, format="png"),
-                 overwrite=overwrite)
-  finally:
-    plt.close(fig)
+  from tfopt._plot import save_png  # pylint: disable=import-outside-toplevel
+  save_png(fig, path, overwrite=overwrite, dpi=110)
 
 
 def scatter_png(path, space, archs, coords, scores, status,

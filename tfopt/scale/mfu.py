@@ -145,10 +145,8 @@ class MFUMonitor(keras.callbacks.Callback):
                          "two batches in an epoch.")
     if isinstance(window, bool) or not isinstance(window, int) or window < 1:
       raise invalid_argument("window", "a positive integer", window)
-    import matplotlib  # pylint: disable=import-outside-toplevel
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt  # pylint: disable=import-outside-toplevel
-    from tfopt._io import atomic_write  # pylint: disable=import-outside-toplevel
+    from tfopt._plot import pyplot, save_png  # pylint: disable=import-outside-toplevel
+    plt = pyplot()
     times = np.asarray(self.step_times)
     rolling = np.array([np.median(times[max(0, i - window + 1):i + 1])
                         for i in range(len(times))])
@@ -171,11 +169,7 @@ class MFUMonitor(keras.callbacks.Callback):
                   f"FLOP/s, {summary['samples_per_s']:.0f} samples/s "
                   f"(dashed: epoch starts)", fontsize=9)
     fig.tight_layout()
-    try:
-      atomic_write(path, lambda tmp: fig.savefig(tmp, dpi=100, format="png"),
-                   overwrite=overwrite)
-    finally:
-      plt.close(fig)
+    save_png(fig, path, overwrite=overwrite)
 
   def summary(self) -> dict:
     """FLOPs per step, peak, median step time, MFU, samples/s, goodput."""

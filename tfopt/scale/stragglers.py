@@ -37,7 +37,7 @@ import keras
 import numpy as np
 
 from tfopt._errors import invalid_argument
-from tfopt._io import atomic_write, atomic_write_text
+from tfopt._io import atomic_write_text
 
 
 @dataclasses.dataclass
@@ -313,9 +313,8 @@ def chrome_trace(path: str, workers: dict, overwrite: bool = False) -> dict:
 def heatmap_png(path: str, report: StragglerReport,
                 overwrite: bool = False) -> None:
   """Workers x steps, colour = milliseconds late; stragglers named."""
-  import matplotlib  # pylint: disable=import-outside-toplevel
-  matplotlib.use("Agg")
-  import matplotlib.pyplot as plt  # pylint: disable=import-outside-toplevel
+  from tfopt._plot import pyplot, save_png  # pylint: disable=import-outside-toplevel
+  plt = pyplot()
   workers = len(report.lateness)
   fig, ax = plt.subplots(figsize=(8, 1.8 + 0.4 * workers))
   image = ax.imshow(report.lateness * 1e3, aspect="auto", cmap="magma",
@@ -327,8 +326,4 @@ def heatmap_png(path: str, report: StragglerReport,
   ax.set_title("stragglers: " + (", ".join(f"worker {w}" for w in
                                             report.stragglers) or "none"))
   fig.tight_layout()
-  try:
-    atomic_write(path, lambda tmp: fig.savefig(tmp, dpi=100, format="png"),
-                 overwrite=overwrite)
-  finally:
-    plt.close(fig)
+  save_png(fig, path, overwrite=overwrite)

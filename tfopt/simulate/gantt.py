@@ -6,7 +6,6 @@ from __future__ import annotations
 import os
 from typing import Sequence
 
-from tfopt._io import atomic_write
 from tfopt.simulate.simulator import Schedule
 
 
@@ -14,9 +13,9 @@ def draw_gantt(schedule: Schedule, path: str, *, title: str = "",
                device_names: Sequence[str] | None = None,
                overwrite: bool = False) -> None:
   """Writes the chart to `path` (PNG) atomically; refuses to overwrite."""
-  import matplotlib  # imported here: only the CLI and reports draw
-  matplotlib.use("Agg")
-  import matplotlib.pyplot as plt
+  # Imported here: only the CLI and reports draw.
+  from tfopt._plot import pyplot, save_png  # pylint: disable=import-outside-toplevel
+  plt = pyplot()
 
   path = os.fspath(path)
   if os.path.exists(path) and not overwrite:  # fail before drawing
@@ -56,8 +55,4 @@ def draw_gantt(schedule: Schedule, path: str, *, title: str = "",
     ax.set_title(title)
   ax.set_xlim(0, max(schedule.makespan_us / scale, 1e-9))
   fig.tight_layout()
-  try:
-    atomic_write(path, lambda tmp: fig.savefig(tmp, format="png", dpi=110),
-                 overwrite=overwrite)
-  finally:
-    plt.close(fig)
+  save_png(fig, path, overwrite=overwrite, dpi=110)
