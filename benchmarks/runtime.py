@@ -145,8 +145,8 @@ def placed_section(rounds, steps, models=("cnn", "mlp")):
   from tfopt.graph import capture_train_step
   from tfopt.passes import PassContext, PassManager
   from tfopt.runtime import (LoopbackServers, StepSession, calibrate,
-                             compare_runs, local_cluster, run_steps,
-                             session_config, verify_devices)
+                             check_rewritten, local_cluster, run_steps,
+                             session_config)
   from tfopt.runtime.placed import LOCAL_PREFIX
   from tfopt.runtime.session import local_device_count
   rows, comm_fits = [], {}
@@ -169,14 +169,12 @@ def placed_section(rounds, steps, models=("cnn", "mlp")):
     hand_over_us = statistics.median(t for _, t in local)
     comm_fits[f"{model_name}, logical devices"] = (
         f"latency {hand_over_us:.1f} us, no bandwidth term (shared memory)")
-    free = CommModel.uniform(hand_over_us, 1e6)
+    shared_memory = CommModel.uniform(hand_over_us, 1e6)
     first = len(rows)
 
     def measure(label, graph, cluster, ctx, target="", config=None):
-      ran = run_steps(step, [inputs] * 2, graph_def=graph, target=target,
-                      config=config)
-      compare_runs(reference, ran, what=label)
-      verify_devices(graph, ran.devices).raise_if_mismatched()
+      check_rewritten(step, [inputs] * 2, graph, reference=reference,
+                      target=target, config=config, what=label)
       one = StepSession(step)
       placed = StepSession(step, graph_def=graph, target=target,
                            config=config or session_config(
@@ -199,7 +197,7 @@ def placed_section(rounds, steps, models=("cnn", "mlp")):
       print(f"  {model_name}, {label}: {rows[-1]}")
 
     for n in (1, 2, 4):
-      cluster = local_cluster(n, comm=free)
+      cluster = local_cluster(n, comm=shared_memory)
       ctx = PassContext.for_step(step, costs=costs, cluster=cluster,
                                  placer="m-etf")
       graph = PassManager("fuse,place").run(step.graph_def, ctx).graph

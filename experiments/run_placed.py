@@ -71,9 +71,9 @@ def main(argv):
   from tfopt.graph import capture_train_step
   from tfopt.graph.synthetic import total_memory
   from tfopt.passes import PassContext, PassManager, PassError
-  from tfopt.runtime import (LoopbackServers, calibrate, compare_runs,
-                             compile_step, local_cluster, run_and_compare,
-                             run_steps, session_config, verify_devices)
+  from tfopt.runtime import (LoopbackServers, calibrate, check_rewritten,
+                             compare_runs, compile_step, local_cluster,
+                             run_and_compare, run_steps, session_config)
   from tfopt.simulate.gantt import draw_gantt
 
   if not FLAGS.memory_fraction > 0:
@@ -131,10 +131,8 @@ def main(argv):
           f"bound {plan.lower_bound_us / 1e3:.2f} ms")
 
   reference = run_steps(step, batches)
-  ran = run_steps(step, batches, graph_def=placed)
-  compare_runs(reference, ran, what="placed step")
-  check = verify_devices(placed, ran.devices)
-  check.raise_if_mismatched()
+  ran, check = check_rewritten(step, batches, placed, reference=reference,
+                               what="placed step")
   losses = ", ".join(f"{float(o[0]):.5f}" for o in ran.outputs)
   print(f"\nplaced steps: losses {losses} equal the unplaced step's; "
         f"variables equal; {check.checked} ops ran where planned "
@@ -153,11 +151,10 @@ def main(argv):
         remote = PassManager(FLAGS.pipeline).run(step.graph_def, pctx).graph
       except PassError as err:
         raise SystemExit(f"error: {err}") from None
-      across = run_steps(step, batches, graph_def=remote,
-                         target=servers.target, config=session_config())
-      compare_runs(reference, across, what="multi-process step")
-      pcheck = verify_devices(remote, across.devices)
-      pcheck.raise_if_mismatched()
+      _, pcheck = check_rewritten(step, batches, remote, reference=reference,
+                                  target=servers.target,
+                                  config=session_config(),
+                                  what="multi-process step")
       print(f"across {FLAGS.processes} server processes "
             f"({'the same plan' if same else 'its own plan'}): losses and "
             f"variables equal the unplaced step's; {pcheck.checked} ops ran "

@@ -12,7 +12,7 @@ installs a train function. On the first batch of each input signature it
 captures the real training step, runs the pass pipeline (prune, identity,
 fold, then fuse and coarsen,place as asked), checks the rewritten step
 against the original on that batch in a Session (same loss, same variable
-updates, and, when placed, every op where planned: `verify_devices`),
+updates, and, when placed, every op where planned: `check_rewritten`),
 prints a report, and from then on `fit` runs the rewritten GraphDef inside
 a `tf.function` on the model's own variables (each captured variable
 handle is mapped to the Keras variable's handle on import). Profiling
@@ -110,8 +110,7 @@ class _OptimizedTrainFunction:
     import tensorflow as tf  # pylint: disable=g-import-not-at-top
     from tfopt.graph.capture import capture_train_step  # pylint: disable=g-import-not-at-top
     from tfopt.passes import PassContext, PassManager  # pylint: disable=g-import-not-at-top
-    from tfopt.runtime.placed import (compare_runs, run_steps,  # pylint: disable=g-import-not-at-top
-                                      verify_devices)
+    from tfopt.runtime.placed import check_rewritten  # pylint: disable=g-import-not-at-top
     x_np = tf.nest.map_structure(np.asarray, x)
     y_np = tf.nest.map_structure(np.asarray, y)
     scopes = _name_scope_stack()
@@ -137,11 +136,7 @@ class _OptimizedTrainFunction:
     graph = result.graph
     # The check: the rewritten step computes what the original computes, on
     # copies of the variables (the model's own are not touched).
-    reference = run_steps(step, [inputs])
-    rewritten = run_steps(step, [inputs], graph_def=graph)
-    compare_runs(reference, rewritten, what="rewritten step")
-    check = verify_devices(graph, rewritten.devices)
-    check.raise_if_mismatched()
+    _, check = check_rewritten(step, [inputs], graph)
     report = HookReport(key, pipeline, result.table(),
                         ops_verified=check.checked)
     plan = ctx.results.get("placement")
@@ -158,9 +153,14 @@ class _OptimizedTrainFunction:
     return _imported_step(step, graph)
 
   def _cluster(self):
-    from tfopt.cluster import Cluster  # pylint: disable=g-import-not-at-top
-    return Cluster.uniform(len(self.devices), self.memory_per_device,
-                           device_type="CPU", names=self.devices)
+    """The devices as a Cluster; each device's type from its string (a
+    placer keeps CPU-only ops off GPUs)."""
+    import tensorflow as tf  # pylint: disable=g-import-not-at-top
+    from tfopt.cluster import Cluster, Device  # pylint: disable=g-import-not-at-top
+    return Cluster(tuple(
+        Device(d, (tf.DeviceSpec.from_string(d).device_type or
+                   "CPU").upper(), self.memory_per_device)
+        for d in self.devices))
 
   def _costs(self, step, key, inputs):
     """The step profiled once per model and input signature."""

@@ -15,7 +15,6 @@ and kernel overheads cancel out of the fit.
 
 from __future__ import annotations
 
-import socket
 import statistics
 import time
 from typing import Sequence
@@ -23,15 +22,10 @@ from typing import Sequence
 import tensorflow as tf
 
 from tfopt._errors import check_positive_int, invalid_argument
+from tfopt._net import free_ports
 from tfopt.cost.comm import CommFit, fit_comm_model
 
 DEFAULT_SIZES = tuple(4 ** k for k in range(0, 14))  # 1 B .. 64 MiB
-
-
-def _free_port() -> int:
-  with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-    sock.bind(("localhost", 0))
-    return sock.getsockname()[1]
 
 
 def start_loopback_servers(num_tasks: int = 2) -> list:
@@ -40,7 +34,7 @@ def start_loopback_servers(num_tasks: int = 2) -> list:
   cannot stop a server)."""
   check_positive_int("num_tasks", num_tasks)
   spec = tf.train.ClusterSpec(
-      {"worker": [f"localhost:{_free_port()}" for _ in range(num_tasks)]})
+      {"worker": [f"localhost:{p}" for p in free_ports(num_tasks)]})
   return [tf.distribute.Server(spec, job_name="worker", task_index=i,
                                start=True) for i in range(num_tasks)]
 

@@ -60,6 +60,15 @@ class PassContext:
   fused: dict[str, tuple[str, ...]] = dataclasses.field(default_factory=dict)
   results: dict[str, object] = dataclasses.field(default_factory=dict)
 
+  def require_keep(self, pass_name: str) -> set[str]:
+    """`keep` as a set; a pass that needs it raises without it."""
+    if not self.keep:
+      raise invalid_argument(
+          "ctx.keep", f"the node names to keep (feeds, fetches, targets) for "
+          f"pass {pass_name!r}: without them every node is as live as any "
+          f"other; use PassContext.for_step(step)", self.keep)
+    return set(self.keep)
+
   @classmethod
   def for_step(cls, step, **kwargs) -> "PassContext":
     """A context keeping a CapturedStep's feeds, fetches and targets."""

@@ -15,7 +15,6 @@ from tensorflow.core.protobuf import (config_pb2, meta_graph_pb2,
 
 from tfopt.passes.base import PassContext, PassResult, register_pass
 from tfopt.passes.graph_util import node_map
-from tfopt.passes.prune import _require_keep
 
 
 def _graph_key(graph_def: graph_pb2.GraphDef) -> list[tuple]:
@@ -29,7 +28,7 @@ def fold_constants(graph_def: graph_pb2.GraphDef,
   # Imported here: the Grappler bindings are private TensorFlow modules.
   from tensorflow.python.grappler import tf_optimizer  # pylint: disable=g-import-not-at-top
 
-  keep = _require_keep(ctx, "fold")
+  keep = ctx.require_keep("fold")
   meta = meta_graph_pb2.MetaGraphDef()
   meta.graph_def.CopyFrom(graph_def)
   meta.collection_def["train_op"].node_list.value.extend(sorted(keep))

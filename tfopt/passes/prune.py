@@ -5,6 +5,7 @@ from __future__ import annotations
 from tensorflow.core.framework import graph_pb2
 
 from tfopt._errors import invalid_argument
+from tfopt.graph.capture import prune_graph_def
 from tfopt.passes.base import PassContext, PassResult, register_pass
 from tfopt.passes.graph_util import copy_graph, node_map, split_input
 
@@ -14,25 +15,14 @@ from tfopt.passes.graph_util import copy_graph, node_map, split_input
 IDENTITY_OPS = ("Identity", "Snapshot", "StopGradient", "PreventGradient")
 
 
-def _require_keep(ctx: PassContext, pass_name: str) -> set[str]:
-  if not ctx.keep:
-    raise invalid_argument(
-        "ctx.keep", f"the node names to keep (feeds, fetches, targets) for "
-        f"pass {pass_name!r}: without them every node is as live as any "
-        f"other; use PassContext.for_step(step)", ctx.keep)
-  return set(ctx.keep)
-
-
 @register_pass("prune")
 def prune(graph_def: graph_pb2.GraphDef, ctx: PassContext) -> PassResult:
   """Removes every node that no kept node needs (data or control input)."""
-  keep = _require_keep(ctx, "prune")
-  nodes = node_map(graph_def)
-  missing = sorted(keep - set(nodes))
+  keep = ctx.require_keep("prune")
+  missing = sorted(keep - {node.name for node in graph_def.node})
   if missing:
     raise invalid_argument("ctx.keep", "names of nodes in the graph",
                            missing[:5])
-  from tfopt.graph.capture import prune_graph_def  # pylint: disable=g-import-not-at-top
   out = prune_graph_def(graph_def, sorted(keep))
   dead = len(graph_def.node) - len(out.node)
   return PassResult(out, bool(dead),

@@ -11,6 +11,7 @@ _LAZY = {
     "StepRun": "tfopt.runtime.placed",
     "DeviceCheck": "tfopt.runtime.placed",
     "actual_devices": "tfopt.runtime.placed",
+    "check_rewritten": "tfopt.runtime.placed",
     "compare_runs": "tfopt.runtime.placed",
     "local_cluster": "tfopt.runtime.placed",
     "run_and_compare": "tfopt.runtime.placed",

@@ -164,6 +164,26 @@ def compare_runs(expected: StepRun, actual: StepRun, *, rtol: float = 1e-5,
                        f"max |diff| {np.max(np.abs(x - y)):.3g}.")
 
 
+def check_rewritten(step, inputs: Sequence[Sequence[np.ndarray]], graph_def,
+                    *, reference: StepRun | None = None, target: str = "",
+                    config=None, what: str = "rewritten step",
+                    rtol: float = 1e-5, atol: float = 1e-6
+                    ) -> tuple[StepRun, DeviceCheck]:
+  """Runs the rewritten `graph_def` for the batches and checks it: outputs
+  and variable updates equal the original step's (`reference`, run here
+  in-process when not given), and every op ran where its device string says.
+  Returns the run and the device check; raises ValueError / RuntimeError
+  naming the first difference."""
+  if reference is None:
+    reference = run_steps(step, inputs)
+  run = run_steps(step, inputs, graph_def=graph_def, target=target,
+                  config=config)
+  compare_runs(reference, run, rtol=rtol, atol=atol, what=what)
+  check = verify_devices(graph_def, run.devices)
+  check.raise_if_mismatched()
+  return run, check
+
+
 def run_and_compare(step, inputs: Sequence[Sequence[np.ndarray]], *,
                     rtol: float = 1e-5, atol: float = 1e-6):
   """A PassManager `verify` callable: runs the graph before and after a pass

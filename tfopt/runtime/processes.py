@@ -17,22 +17,9 @@ import sys
 import time
 
 from tfopt._errors import check_positive_int
+from tfopt._net import free_ports
 from tfopt.cluster import Cluster
 from tfopt.cost.comm import CommModel
-
-
-def _free_ports(count: int) -> list[int]:
-  sockets, ports = [], []
-  try:
-    for _ in range(count):
-      sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-      sock.bind(("localhost", 0))
-      sockets.append(sock)
-      ports.append(sock.getsockname()[1])
-  finally:
-    for sock in sockets:
-      sock.close()
-  return ports
 
 
 def _accepts(port: int) -> bool:
@@ -54,7 +41,7 @@ class LoopbackServers:
                start_timeout: float = 120.0, log_dir: str | None = None):
     check_positive_int("num_tasks", num_tasks)
     self.job = job
-    self.ports = _free_ports(num_tasks)
+    self.ports = free_ports(num_tasks)
     spec = {job: [f"localhost:{p}" for p in self.ports]}
     env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")
     self._procs = []

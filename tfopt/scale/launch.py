@@ -48,6 +48,7 @@ import time
 
 from tfopt._errors import invalid_argument
 from tfopt._io import atomic_write_text
+from tfopt._net import free_ports
 from tfopt.scale import heartbeat as hb
 from tfopt.scale import protocol as wk
 
@@ -163,21 +164,6 @@ class LaunchResult:
             "wall_s": wall, "productive_s": productive, "startup_s": startup,
             "restart_s": restart, "recomputed_steps": recomputed,
             "recomputed_s": recomputed * step_s, "step_s": step_s}
-
-
-def free_ports(count: int, host: str = "127.0.0.1") -> list:
-  """`count` distinct ports free right now (bound together, then released:
-  the OS does not hand the same one out twice meanwhile)."""
-  sockets = []
-  try:
-    for _ in range(count):
-      s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-      s.bind((host, 0))
-      sockets.append(s)
-    return [s.getsockname()[1] for s in sockets]
-  finally:
-    for s in sockets:
-      s.close()
 
 
 def _check_ports_free(ports, host: str = "127.0.0.1") -> None:
