@@ -23,8 +23,8 @@ $(STAMP): setup.py
 	touch $(STAMP)
 
 demo: $(STAMP)
-	TF_CPP_MIN_LOG_LEVEL=2 $(PY) -m experiments.run_placed --model=small_cnn \
-	    --devices=4 --memory_fraction=0.15 --processes=4 --out_dir=.demo --overwrite
+	TF_CPP_MIN_LOG_LEVEL=2 $(PY) -m experiments.run_placed \
+	    --config=experiments/configs/run_placed_small_cnn.py --out_dir=.demo --overwrite
 	@echo "Gantt chart of the placed step: .demo/gantt.png; SavedModel: .demo/saved_model"
 
 test: $(STAMP)

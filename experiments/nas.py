@@ -33,10 +33,13 @@ import os
 
 from absl import app, flags
 
+from experiments._config import apply_config, define_config_flag
+
 import tfopt  # noqa: F401  (OR-Tools before TensorFlow)
 
 MODES = ("search", "rank", "steer", "report", "export", "benchmark")
 FLAGS = flags.FLAGS
+define_config_flag()
 flags.DEFINE_enum("mode", "search", MODES, "What to do.")
 flags.DEFINE_string("run_dir", None, "The run directory.")
 flags.DEFINE_string("space", "tiny64", "A preset name or a space JSON file "
@@ -249,6 +252,7 @@ def _benchmark(run):
 
 def main(argv):
   del argv
+  apply_config()
   from tfopt.nas.run import RunDir  # pylint: disable=import-outside-toplevel
   if not FLAGS.run_dir:
     raise app.UsageError("--run_dir is required.")

@@ -24,6 +24,8 @@ import sys
 
 from absl import app, flags
 
+from experiments._config import apply_config, define_config_flag
+
 from tfopt import Cluster
 from tfopt._io import atomic_write_text
 from tfopt.cost.comm import PCIE_BANDWIDTH_GBPS, PCIE_LATENCY_US, CommModel
@@ -32,6 +34,7 @@ from tfopt.graph.synthetic import total_memory
 from tfopt.placement import PLACERS, InfeasiblePlacement, place
 
 FLAGS = flags.FLAGS
+define_config_flag()
 flags.DEFINE_string("costgraph", None, "A tfopt.costgraph/1 file.")
 flags.DEFINE_integer("devices", 4, "Number of devices.")
 flags.DEFINE_integer("memory_per_device", None, "Cap per device, in bytes.")
@@ -46,11 +49,15 @@ flags.DEFINE_bool("json", False, "Print one JSON object.")
 flags.DEFINE_string("out", None, "Write the plan as JSON here.")
 flags.DEFINE_string("gantt", None, "Draw the schedule's Gantt chart (PNG).")
 flags.DEFINE_bool("overwrite", False, "Replace --out / --gantt if they exist.")
-flags.mark_flag_as_required("costgraph")
 
 
 def main(argv):
   del argv
+  apply_config()
+  if not FLAGS.costgraph:
+    raise app.UsageError("--costgraph is required (a tfopt.costgraph/1 file, "
+                         "e.g. ../shared/data/costgraphs/*.json), on the "
+                         "command line or in --config.")
   if FLAGS.memory_per_device is not None and FLAGS.memory_fraction is not None:
     raise app.UsageError("Give --memory_per_device or --memory_fraction, not "
                          "both.")

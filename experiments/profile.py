@@ -21,9 +21,12 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 from absl import app, flags  # noqa: E402
 
+from experiments._config import apply_config, define_config_flag  # noqa: E402
+
 from tfopt import zoo  # noqa: E402
 
 FLAGS = flags.FLAGS
+define_config_flag()
 flags.DEFINE_enum("model", "mlp", sorted(zoo.BUILDERS), "Zoo model to profile.")
 flags.DEFINE_integer("batch_size", 32, "Batch size of the traced step.")
 flags.DEFINE_string("out", None, "Write the costgraph JSON here.")
@@ -39,6 +42,7 @@ flags.DEFINE_bool("measure_comm", False, "Also measure tensor copies between "
 
 def main(argv):
   del argv
+  apply_config()
   import numpy as np
   import tensorflow as tf
 

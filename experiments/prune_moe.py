@@ -26,6 +26,8 @@ import warnings
 
 from absl import app, flags
 
+from experiments._config import apply_config, define_config_flag
+
 import tfopt  # noqa: F401  (OR-Tools before TensorFlow)
 from tfopt.pruning.methods import METHODS
 
@@ -34,6 +36,7 @@ DEFAULT_CHECKPOINT = os.path.join(os.path.dirname(os.path.dirname(
     "moe_lm_reference.weights.h5")
 
 FLAGS = flags.FLAGS
+define_config_flag()
 flags.DEFINE_string("checkpoint", DEFAULT_CHECKPOINT,
                     "Reference model weights (.weights.h5).")
 flags.DEFINE_bool("train", False, "Train the reference model when "
@@ -84,6 +87,7 @@ def _check_flags():
 
 def main(argv):
   del argv
+  apply_config()
   _check_flags()
   import keras  # pylint: disable=import-outside-toplevel
   from tfopt.pruning import (ExpertDistiller, export_saved_model,  # pylint: disable=import-outside-toplevel

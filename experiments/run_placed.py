@@ -38,9 +38,12 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 from absl import app, flags  # noqa: E402
 
+from experiments._config import apply_config, define_config_flag  # noqa: E402
+
 from tfopt import zoo  # noqa: E402
 
 FLAGS = flags.FLAGS
+define_config_flag()
 flags.DEFINE_enum("model", "small_cnn", sorted(zoo.BUILDERS), "Zoo model.")
 flags.DEFINE_integer("batch_size", 32, "Batch size of the traced step.")
 flags.DEFINE_integer("devices", 4, "Logical CPU devices to place on.")
@@ -62,6 +65,7 @@ flags.DEFINE_string("model_kwargs", "{}", "JSON dict of zoo overrides.")
 
 def main(argv):
   del argv
+  apply_config()
   import tensorflow as tf
   from absl import logging  # pylint: disable=g-import-not-at-top
   logging.set_verbosity(logging.WARNING)  # TF's SavedModel INFO lines

@@ -1,19 +1,214 @@
-"""README examples run as written (in a fresh process each)."""
+"""README's commands run as written (each in a fresh process).
 
+- Every ```sh block runs, its commands in order, with /tmp/ paths moved
+  into the test's temporary directory; each command's output is checked
+  against what the README (and the config's docstring) says it prints.
+  `make demo` runs the Makefile's demo recipe; `make test` is this suite.
+- Every other command named in the README, in a config's docstring or in a
+  script's docstring (the longer runs and the benchmarks, minutes each) is
+  parsed by its script: the module imports, every flag exists and takes its
+  value, and a --config file loads with known keys.
+- Every experiment script has a config whose command is in a README block,
+  so each script runs with its smallest config in CI.
+"""
+
+import json
 import pathlib
+import re
+import shlex
 import subprocess
 import sys
 
 import pytest
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
+README = (ROOT / "README.md").read_text(encoding="utf-8")
+CONFIGS = sorted(p for p in (ROOT / "experiments" / "configs").glob("*.py")
+                 if p.name != "__init__.py")
+SCRIPTS = sorted(p for p in (ROOT / "experiments").glob("*.py")
+                 if not p.name.startswith("_"))
 
 
 def _python_block(heading: str) -> str:
-  text = (ROOT / "README.md").read_text(encoding="utf-8")
-  section = text[text.index(heading):]
+  section = README[README.index(heading):]
   start = section.index("```python\n") + len("```python\n")
   return section[start:section.index("```", start)]
+
+
+def _commands(text: str) -> list[str]:
+  """Shell lines of a block or docstring: continuations joined, comments
+  dropped."""
+  text = re.sub(r"\\\n\s*", " ", text)
+  out = []
+  for line in text.splitlines():
+    line = line.split(" #")[0].strip()
+    if line and not line.startswith("#"):
+      out.append(" ".join(line.split()))
+  return out
+
+
+def _sh_blocks() -> list[list[str]]:
+  return [_commands(b) for b in re.findall(r"```sh\n(.*?)```", README,
+                                           flags=re.S)]
+
+
+def _docstring_commands(path: pathlib.Path) -> list[str]:
+  import ast
+  doc = ast.get_docstring(ast.parse(path.read_text(encoding="utf-8"))) or ""
+  return [c for c in _commands(doc) if c.startswith("python -m ")]
+
+
+def _inline_commands() -> list[str]:
+  return [" ".join(c.split()) for c in re.findall(r"`(python\s+-m\s[^`]+)`",
+                                                  README)]
+
+
+def _run(command: str, tmp: pathlib.Path) -> subprocess.CompletedProcess:
+  argv = shlex.split(command.replace("/tmp/", f"{tmp}/"))
+  if argv[:2] == ["make", "demo"]:
+    recipe = subprocess.run(["make", "-n", "demo"], cwd=ROOT, check=True,
+                            capture_output=True, text=True).stdout
+    line = next(c for c in _commands(recipe) if "-m experiments." in c)
+    argv = shlex.split(line)
+    argv = [a.replace(".demo", str(tmp / "demo")) for a in argv
+            if "=" not in a or not a.split("=")[0].isupper()]
+  assert argv[0] in ("python", ".venv/bin/python"), command
+  argv[0] = sys.executable
+  return subprocess.run(argv, cwd=ROOT, capture_output=True, text=True,
+                        timeout=900, check=False)
+
+
+def _check_output(command: str, out: str, seen: dict) -> None:
+  """What the README and the configs say each command prints."""
+  if command == "make demo":
+    for line in ("<- chosen", "ran where planned", "across 4 server "
+                 "processes", "PredictRequest over gRPC"):
+      assert line in out, (line, out[-3000:])
+  elif "experiments.profile" in command:
+    assert "critical path" in out and "wrote" in out
+  elif "experiments.place" in command:
+    assert re.search(r"feasible\s+True", out), out[-2000:]
+    if "place_gnmt_4dev" in command:
+      assert "m-sct/coarse" in out and "470.35 ms" in out, out[-2000:]
+  elif "experiments.train" in command:
+    final = re.search(r"val_accuracy (\d\.\d+)", out)
+    assert final and float(final.group(1)) >= 0.9, out[-2000:]
+    if "placed" in command:
+      assert "ops ran where planned" in out
+      assert "devices used: ['/device:CPU:0', '/device:CPU:1']" in out
+  elif "experiments.prune_moe" in command:
+    ratio = dict(re.findall(r"^(\w+)\s+50%\s+[\d.]+\s+([\d.]+)", out, re.M))
+    assert float(ratio["moe_pruner"]) < float(ratio["magnitude"]), out
+  elif "experiments.nas" in command and "--mode=search" in command:
+    assert "top 5 of" in out and "report.html" in out, out[-2000:]
+  elif "experiments.launch" in command:
+    assert "lost [], repeated []" in out, out[-2000:]
+    if "--inject=kill" in command:
+      assert "killed (worker 1)" in out, out[-2000:]
+    shas = set(re.findall(r"weights sha256 (\w+)", out))
+    assert len(shas) == 1, out[-2000:]
+    seen.setdefault("sha", shas)
+    assert shas == seen["sha"], "a fault changed the final weights"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("index", range(len(_sh_blocks())))
+def test_readme_shell_block_runs(index, tmp_path):
+  seen = {}
+  for command in _sh_blocks()[index]:
+    if command == "make test":
+      continue  # this suite
+    done = _run(command, tmp_path)
+    assert done.returncode == 0, (command, done.stderr[-3000:])
+    _check_output(command, done.stdout, seen)
+
+
+_PARSE = r"""
+import importlib, sys
+import tfopt  # OR-Tools before TensorFlow, as the scripts do
+from absl import flags
+module, args = sys.argv[1], sys.argv[2:]
+script = importlib.import_module(module)
+rest = flags.FLAGS([module, *args])
+if "config" in flags.FLAGS:
+  from experiments._config import apply_config, load_config
+  if hasattr(script, "DEFAULTS"):  # train.py: the config's own knobs
+    load_config(flags.FLAGS.config, script.DEFAULTS)
+  else:
+    apply_config()
+print("parsed", rest[1:])
+"""
+
+
+def _parsed_commands() -> list[str]:
+  run = {c for block in _sh_blocks() for c in block}
+  commands = _inline_commands()
+  for path in CONFIGS + SCRIPTS:
+    commands += _docstring_commands(path)
+  return sorted({c for c in commands if c not in run})
+
+
+@pytest.mark.parametrize("command", _parsed_commands(), ids=lambda c: c[10:70])
+def test_other_commands_parse(command):
+  argv = shlex.split(command)
+  assert argv[:2] == ["python", "-m"], command
+  module = argv[2]
+  source = ROOT / (module.replace(".", "/") + ".py")
+  assert source.exists(), command
+  if "import argparse" in source.read_text(encoding="utf-8"):
+    # Not an absl script (the launcher's library CLI): its help names every
+    # flag the command uses.
+    done = subprocess.run([sys.executable, "-m", module, "--help"], cwd=ROOT,
+                          capture_output=True, text=True, timeout=300,
+                          check=False)
+    assert done.returncode == 0, done.stderr[-2000:]
+    own = argv[3:argv.index("--")] if "--" in argv else argv[3:]
+    for arg in own:
+      assert arg.split("=")[0] in done.stdout, (arg, done.stdout)
+    return
+  done = subprocess.run([sys.executable, "-c", _PARSE, module, *argv[3:]],
+                        cwd=ROOT, capture_output=True, text=True,
+                        timeout=300, check=False)
+  assert done.returncode == 0 and "parsed" in done.stdout, (
+      command, done.stderr[-2000:])
+
+
+def test_every_script_runs_a_config_in_the_readme():
+  run = " ".join(c for block in _sh_blocks() for c in block)
+  for script in SCRIPTS:
+    if script.stem == "scale_train":
+      # The launcher's worker job: its flags are in launch_scale_train.py.
+      assert "launch_scale_train.py" in run
+      continue
+    name = f"experiments.{script.stem}"
+    configs = [c.name for c in CONFIGS if any(
+        name in cmd.split() for cmd in _docstring_commands(c))]
+    assert configs, f"{script.name} has no config in experiments/configs"
+    assert any(f"-m {name} --config=experiments/configs/{c}" in run or
+               (script.stem == "run_placed" and "make demo" in run)
+               for c in configs), (script.name, configs)
+
+
+def test_every_config_states_its_command_and_expected_result():
+  import ast
+  assert CONFIGS
+  for path in CONFIGS:
+    tree = ast.parse(path.read_text())
+    doc = ast.get_docstring(tree) or ""
+    commands = [c for c in _docstring_commands(path)
+                if f"--config=experiments/configs/{path.name}" in c]
+    assert commands, path
+    assert "Expected" in doc, path
+    assert any(isinstance(n, ast.Assign) and n.targets[0].id == "CONFIG"
+               for n in tree.body), path
+
+
+def test_command_extraction_oracle():
+  """The extraction itself, on a hand-written block."""
+  text = ("python -m a --x=1 \\\n    --y=2   # note\n# comment only\n"
+          "make test\n")
+  assert _commands(text) == ["python -m a --x=1 --y=2", "make test"]
+  assert json.loads(json.dumps(_commands(""))) == []
 
 
 @pytest.mark.slow

@@ -1,0 +1,109 @@
+"""Run a training script on N loopback workers with heartbeats, restarts and
+fault injection (`tfopt.scale.launch`), and report how the run went.
+
+    python -m experiments.launch \
+        --config=experiments/configs/launch_scale_train.py --run_dir=/tmp/run
+
+The config names the command each worker runs (`command`, a string split
+like a shell line; or give it after `--`) and the launcher's knobs (workers,
+max_restarts, heartbeat and stuck timeouts). `--inject=kill:1:25` (or
+stop:W:S, term:W:S) injects a fault to test the restart path. Prints every
+attempt (failure kind and worker, steps), the stitched trajectory (steps,
+lost, repeated, recomputed), the goodput and its badput split, and each
+worker's final-worker-<i>.json (the scale_train job's final loss and weights
+SHA-256). Exit status: 0 done, 1 the launcher gave up, 2 bad input, 75
+preempted (SIGTERM to the launcher).
+
+`python -m tfopt.scale.launch` is the same launcher with argparse flags, for
+scripts that cannot import `experiments`.
+"""
+
+from __future__ import annotations
+
+import glob
+import json
+import os
+import shlex
+import sys
+
+from absl import app, flags
+
+from experiments._config import apply_config, define_config_flag
+
+FLAGS = flags.FLAGS
+define_config_flag()
+flags.DEFINE_string("command", None, "The worker command (script.py and its "
+                    "flags, split like a shell line); arguments after `--` "
+                    "replace it.")
+flags.DEFINE_integer("workers", 2, "Loopback workers.")
+flags.DEFINE_integer("max_restarts", 3, "Restarts before giving up.")
+flags.DEFINE_string("run_dir", None, "Run directory (a new temporary one "
+                    "when not given); an existing one is reused, nothing in "
+                    "it is deleted.")
+flags.DEFINE_list("inject", [], "Faults kind:worker:step[:attempt], kind in "
+                  "kill, stop, term.")
+flags.DEFINE_float("backoff_s", 1.0, "First restart backoff (doubles).")
+flags.DEFINE_float("heartbeat_timeout_s", 5.0, "A beat older than this is "
+                   "a lost worker.")
+flags.DEFINE_float("stuck_factor", 10.0, "No step for this many median "
+                   "step times is stuck ...")
+flags.DEFINE_float("min_stuck_s", 10.0, "... and at least this long.")
+flags.DEFINE_float("startup_timeout_s", 300.0, "Launch to first step.")
+
+
+def main(argv):
+  apply_config()
+  from tfopt.scale.launch import LaunchError, launch  # pylint: disable=import-outside-toplevel
+  from tfopt.scale.protocol import PREEMPTED_EXIT  # pylint: disable=import-outside-toplevel
+  command = list(argv[1:]) or shlex.split(FLAGS.command or "")
+  if not command:
+    raise app.UsageError("Give the worker command: command in --config or "
+                         "after --, e.g. -- experiments/scale_train.py "
+                         "--epochs=2")
+  if FLAGS.workers <= 0:
+    raise app.UsageError(f"--workers must be a positive integer. Received: "
+                         f"{FLAGS.workers}")
+  try:
+    result = launch(command, FLAGS.workers, run_dir=FLAGS.run_dir,
+                    max_restarts=FLAGS.max_restarts,
+                    backoff_s=FLAGS.backoff_s,
+                    heartbeat_timeout_s=FLAGS.heartbeat_timeout_s,
+                    stuck_factor=FLAGS.stuck_factor,
+                    min_stuck_s=FLAGS.min_stuck_s,
+                    startup_timeout_s=FLAGS.startup_timeout_s,
+                    faults=FLAGS.inject)
+  except (ValueError, FileNotFoundError, PermissionError) as err:
+    print(f"error: {err}", file=sys.stderr)
+    return 2
+  except LaunchError as err:
+    print(f"error: {err}", file=sys.stderr)
+    return 1
+  for rec in result.attempts:
+    failure = rec["failure"]
+    what = (f"{failure['kind']} (worker {failure['worker']})" if failure
+            else "success")
+    print(f"attempt {rec['attempt']}: {what}, steps "
+          f"{rec['resumed_from'] or 0}..{rec['last_step']}")
+  trajectory = result.trajectory()
+  print(f"trajectory: {trajectory['steps']} steps, lost "
+        f"{trajectory['lost']}, repeated {trajectory['repeated']}, "
+        f"recomputed {trajectory['recomputed']}")
+  good = result.goodput()
+  if good["goodput"] is not None:
+    print(f"goodput {good['goodput']:.2f} of {good['wall_s']:.1f} s: "
+          f"startup {good['startup_s']:.1f} s, restart "
+          f"{good['restart_s']:.1f} s, recomputed {good['recomputed_steps']} "
+          f"steps")
+  for path in sorted(glob.glob(os.path.join(result.run_dir,
+                                            "final-worker-*.json"))):
+    with open(path, encoding="utf-8") as f:
+      final = json.load(f)
+    print(f"worker {final['worker']}: step {final['global_step']}, final "
+          f"loss {final['final_loss']:.6f}, weights sha256 "
+          f"{final['weights_sha256'][:16]}")
+  print(f"run directory: {result.run_dir}")
+  return PREEMPTED_EXIT if result.preempted else 0
+
+
+if __name__ == "__main__":
+  app.run(lambda argv: sys.exit(main(argv)))
