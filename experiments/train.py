@@ -34,6 +34,7 @@ DEFAULTS = {
     "optimizer": "cautious_adamw", "learning_rate": 1e-3,
     "weight_decay": 0.01, "batch_size": 50, "epochs": 5, "fusion": True,
     "placement": None, "logical_devices": 1, "memory_per_device": None,
+    "jit_compile": False,
     "mfu": True, "seed": 0,
 }
 OPTIMIZERS = ("adam", "adamw", "lion", "muon", "cautious_adamw",
@@ -121,7 +122,8 @@ def main(argv):
       loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
       metrics=["accuracy"], fusion=config["fusion"],
       placement=config["placement"], devices=devices,
-      memory_per_device=config["memory_per_device"])
+      memory_per_device=config["memory_per_device"],
+      jit_compile=config["jit_compile"])
   bs = config["batch_size"]
   # Whole batches only: each new input signature is a new captured step.
   n = len(x) // bs * bs

@@ -2,6 +2,8 @@
 and gives the loss trajectory plain Keras gives."""
 
 import json
+import os
+import re
 import subprocess
 import sys
 
@@ -53,6 +55,37 @@ def test_fit_with_the_hook_matches_plain_keras(tmp_path, capsys):
   assert model.train_function is None
 
 
+_ZOO = {
+    "small_cnn": {"image_size": 16},
+    "transformer_lm": {"vocab_size": 100, "seq_len": 16, "num_layers": 1,
+                       "d_model": 32, "num_heads": 2, "d_ff": 64},
+    "gnmt": {"vocab_size": 100, "seq_len": 4, "units": 16,
+             "encoder_layers": 1, "decoder_layers": 1},
+    "moe_lm": {"vocab_size": 64, "seq_len": 16, "num_layers": 1,
+               "d_model": 32, "num_heads": 2, "num_experts": 4,
+               "expert_dim": 32},
+}
+
+
+@pytest.mark.parametrize("name", sorted(_ZOO))
+def test_hook_on_zoo_models_matches_plain_keras(name):
+  def build():
+    keras.utils.set_random_seed(0)
+    return zoo.build(name, **_ZOO[name])
+  plain = build()
+  x, y = plain.batch(32)
+  expected = plain.model.fit(x, y, batch_size=8, epochs=2, shuffle=False,
+                             verbose=0).history["loss"]
+  fresh = build()
+  model = tfopt.compile(fresh.model, optimizer="adam", loss=fresh.model.loss,
+                        verbose=False)
+  history = model.fit(x, y, batch_size=8, epochs=2, shuffle=False,
+                      verbose=0).history["loss"]
+  np.testing.assert_allclose(history, expected, rtol=1e-5)
+  (report,) = model.train_function.reports.values()
+  assert "nodes fewer" in report.pipeline_table  # fold changed the step
+
+
 _PLACED = """
 import json, sys
 import tensorflow as tf
@@ -71,13 +104,15 @@ plain = m.model.fit(x, y, batch_size=16, epochs=2, shuffle=False,
 model = tfopt.compile(build().model, optimizer="adam", loss=loss(),
                       placement="m-etf",
                       devices=["/device:CPU:0", "/device:CPU:1"],
-                      memory_per_device=1 << 30, verbose=False)
+                      memory_per_device=1 << 30, verbose=False,
+                      jit_compile=True)
 placed = model.fit(x, y, batch_size=16, epochs=2, shuffle=False,
                    verbose=0).history["loss"]
 (report,) = model.train_function.reports.values()
 print(json.dumps({"plain": plain, "placed": placed,
                   "devices": list(report.devices_used),
-                  "verified": report.ops_verified, "placer": report.placer}))
+                  "verified": report.ops_verified, "placer": report.placer,
+                  "xla": report.xla}))
 """
 
 
@@ -88,9 +123,60 @@ def test_placed_fit_on_two_logical_devices_matches_plain_keras():
                         text=True, timeout=600, check=False)
   assert done.returncode == 0, done.stderr[-3000:]
   result = json.loads(done.stdout.strip().splitlines()[-1])
-  np.testing.assert_allclose(result["placed"], result["plain"], rtol=1e-6)
+  # jit_compile=True: XLA where TensorFlow compiles the placed step (per
+  # device; here it did, in many small clusters), else said and run
+  # without (TF 2.21 has refused some multi-device plans: "Multiple CPU
+  # devices").
+  assert result["xla"].startswith(("XLA: ", "XLA not used")), result["xla"]
+  compiled = result["xla"].startswith("XLA: ")
+  np.testing.assert_allclose(result["placed"], result["plain"],
+                             rtol=1e-4 if compiled else 1e-6)
   assert result["devices"] == ["/device:CPU:0", "/device:CPU:1"]
   assert result["verified"] > 200 and result["placer"].startswith("m-etf")
+
+
+_XLA = """
+import json, os, sys
+import tfopt  # first: with keras first, TF_CPP_VMODULE was not honoured
+import keras, numpy as np
+from tfopt import zoo
+def build():
+  keras.utils.set_random_seed(0)
+  return zoo.mlp(hidden=(32, 32), input_dim=16)
+loss = lambda: keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+m = build(); x, y = m.batch(64)
+plain = m.model.fit(x, y, batch_size=16, epochs=2, shuffle=False,
+                    verbose=0).history["loss"]
+model = tfopt.compile(build().model, optimizer="adam", loss=loss(),
+                      jit_compile=True, verbose=False)
+print("FIT BEGINS", file=sys.stderr, flush=True)
+xla = model.fit(x, y, batch_size=16, epochs=2, shuffle=False,
+                verbose=0).history["loss"]
+(report,) = model.train_function.reports.values()
+print(json.dumps({"plain": plain, "xla": xla, "report": report.table()}))
+"""
+
+
+@pytest.mark.slow
+def test_jit_compile_with_the_hook_compiles_per_device_and_matches_keras():
+  # XLA's compilation log (device_compiler) shows what ran inside fit.
+  env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="0",
+             TF_CPP_VMODULE="device_compiler=1,xla_compile_util=1")
+  done = subprocess.run([sys.executable, "-c", _XLA], capture_output=True,
+                        text=True, timeout=600, check=False, env=env)
+  assert done.returncode == 0, done.stderr[-3000:]
+  result = json.loads(done.stdout.strip().splitlines()[-1])
+  np.testing.assert_allclose(result["xla"], result["plain"], rtol=1e-4)
+  report = result["report"]
+  assert "_FusedMatMul" not in report  # fusion is left to XLA
+  assert re.search(r"XLA: \d+ ops in \d+ clusters", report), report
+  assert "checked on the first batch" in report
+  clusters = int(re.search(r"in (\d+) clusters", report).group(1))
+  during_fit = done.stderr.split("FIT BEGINS")[1]
+  # The Session check compiles each cluster once; the tf.function that fit
+  # runs compiles its own (its nodes carry the import's name scope).
+  assert during_fit.count("Compilation of XLA executable") > clusters, \
+      during_fit[-2000:]
 
 
 class _Untraceable(keras.Model):
@@ -108,8 +194,9 @@ def test_bad_input_gets_clear_errors():
   model = _mlp().model
   with pytest.raises(ValueError, match="steps_per_execution"):
     tfopt.compile(model, optimizer="adam", loss=_loss(), steps_per_execution=4)
-  with pytest.raises(ValueError, match="Argument `jit_compile` must be False"):
-    tfopt.compile(model, optimizer="adam", loss=_loss(), jit_compile=True)
+  with pytest.raises(ValueError, match="Argument `jit_compile` must be True, "
+                     "False, None or 'auto'. Received: jit_compile='yes'"):
+    tfopt.compile(model, optimizer="adam", loss=_loss(), jit_compile="yes")
   with pytest.raises(ValueError, match="Argument `devices`.*non-empty"):
     tfopt.compile(model, optimizer="adam", loss=_loss(), placement="auto")
   with pytest.raises(ValueError, match="set_logical_device_configuration"):

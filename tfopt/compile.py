@@ -18,12 +18,21 @@ a `tf.function` on the model's own variables (each captured variable
 handle is mapped to the Keras variable's handle on import). Profiling
 (placement only) happens once per model and signature.
 
+`jit_compile=True` with the hook means XLA where possible: every op of the
+rewritten step is marked for XLA with a scope per device
+(`tfopt.runtime.xla`), so XLA clusters never cross the placement; the
+marked step is run in a Session on the first batch and compared with the
+unmarked one (XLA reorders float math: rtol 1e-4); the function runtime
+honours the same marks inside `fit`. Where TensorFlow refuses (seen: "Multiple
+CPU devices" for some multi-device plans) or the numbers differ, the step
+runs unmarked and the report says why. TF's fused CPU ops have no XLA
+kernel, so with XLA on, fusion is left to XLA (the `fuse` pass is skipped).
+
 Keras' `evaluate`, `predict` and saving are untouched. What tfopt cannot
 honour is refused up front: another Keras backend, `steps_per_execution`
-other than 1, a distribution strategy, `jit_compile=True` together with
-fusion or placement (XLA has no kernel for TF's fused CPU ops, and one XLA
-module would throw the placement away), devices that do not exist, a
-variable living on a device outside `devices`. Calling `model.compile`
+other than 1, a distribution strategy, devices that do not exist, a
+variable living on a device outside `devices`. `jit_compile=True` with
+fusion=False and no placement is Keras' own XLA step (no hook). Calling `model.compile`
 again removes the hook.
 """
 
@@ -52,6 +61,7 @@ class HookReport:
   peak_bytes: tuple[int, ...] = ()
   devices_used: tuple[str, ...] = ()
   ops_verified: int = 0
+  xla: str = ""  # what XLA did (jit_compile=True), or why it was not used
 
   def table(self) -> str:
     lines = [f"tfopt.compile: step for inputs {self.signature}",
@@ -66,6 +76,8 @@ class HookReport:
              if self.placer is not None else " (one device)")
     lines.append(f"verified on the first batch: same loss and variable "
                  f"updates as the original step{where}")
+    if self.xla:
+      lines.append(self.xla)
     return "\n".join(lines)
 
 
@@ -80,8 +92,9 @@ class _OptimizedTrainFunction:
 
   def __init__(self, model, *, fusion: bool, placement: str | None,
                devices: Sequence[str] | None, memory_per_device: int | None,
-               verbose: bool):
+               verbose: bool, xla: bool = False):
     self.model = model
+    self.xla = xla
     self.fusion = fusion
     self.placement = placement
     self.devices = list(devices or [])
@@ -103,7 +116,8 @@ class _OptimizedTrainFunction:
     return self.steps[key](x, y)
 
   def _pipeline(self) -> str:
-    return ",".join([PIPELINE_BASE] + (["fuse"] if self.fusion else []) +
+    fuse = self.fusion and not self.xla  # XLA fuses; _Fused* have no kernel
+    return ",".join([PIPELINE_BASE] + (["fuse"] if fuse else []) +
                     (["coarsen", "place"] if self.placement else []))
 
   def _build(self, x, y, key):
@@ -136,9 +150,11 @@ class _OptimizedTrainFunction:
     graph = result.graph
     # The check: the rewritten step computes what the original computes, on
     # copies of the variables (the model's own are not touched).
-    _, check = check_rewritten(step, [inputs], graph)
+    run, check = check_rewritten(step, [inputs], graph)
     report = HookReport(key, pipeline, result.table(),
                         ops_verified=check.checked)
+    if self.xla:
+      graph, report.xla = _with_xla(step, inputs, graph, run)
     plan = ctx.results.get("placement")
     if plan is not None:
       report.placer = plan.placer
@@ -185,6 +201,25 @@ class _OptimizedTrainFunction:
             self.devices)
       pins[name] = index
     return pins
+
+
+def _with_xla(step, inputs, graph, unmarked_run):
+  """The graph marked for XLA per device when TensorFlow compiles it and the
+  XLA step computes what the unmarked one does; else the graph unchanged.
+  Returns (graph, a line for the report)."""
+  from tfopt.runtime.placed import compare_runs  # pylint: disable=g-import-not-at-top
+  from tfopt.runtime.xla import compile_step, mark_for_xla  # pylint: disable=g-import-not-at-top
+  xla = compile_step(step, [inputs], graph_def=graph)
+  if not xla.compiled:
+    return graph, f"{xla.summary()}; the step runs without XLA"
+  try:
+    # XLA reorders and fuses float math: not bit-exact, but close.
+    compare_runs(unmarked_run, xla.run, rtol=1e-4, atol=1e-5,
+                 what="XLA-compiled step")
+  except ValueError as err:
+    return graph, f"XLA not used: {err}"
+  return mark_for_xla(graph), (f"{xla.summary()}; checked on the first "
+                               f"batch (rtol 1e-4)")
 
 
 # Profiles per model and input signature: profiling runs once.
@@ -246,7 +281,8 @@ def compile(model, *, fusion: bool = True,  # pylint: disable=redefined-builtin
 
   Args:
     model: a Keras 3 model on the TensorFlow backend.
-    fusion: fuse MatMul/Conv2D with bias, batch norm and activation.
+    fusion: fuse MatMul/Conv2D with bias, batch norm and activation (left
+      to XLA when `jit_compile=True`).
     placement: None (one device), "auto" or a placer name
       (`tfopt.placement.PLACERS`, "exact").
     devices: TF device strings to place on (required with `placement`); they
@@ -255,7 +291,9 @@ def compile(model, *, fusion: bool = True,  # pylint: disable=redefined-builtin
     memory_per_device: cap in bytes per device (None: unlimited).
     verbose: print the report when a step is built.
     **compile_kwargs: Keras' `model.compile` arguments (optimizer, loss,
-      metrics, ...), with their usual meaning.
+      metrics, ...), with their usual meaning; `jit_compile=True` marks the
+      rewritten step for XLA per device, checked on the first batch, and
+      falls back to no XLA (said in the report) where TensorFlow cannot.
 
   Returns:
     `model`, compiled; `model.train_function.reports` holds the reports.
@@ -271,13 +309,10 @@ def compile(model, *, fusion: bool = True,  # pylint: disable=redefined-builtin
   if steps != 1:
     raise invalid_argument("steps_per_execution", "1 with tfopt.compile (the "
                            "optimized step runs one batch per call)", steps)
-  jit = compile_kwargs.pop("jit_compile", False)
-  if jit not in (False, None, "auto"):
-    if fusion or placement:
-      raise invalid_argument(
-          "jit_compile", "False when fusion or placement is on: XLA has no "
-          "kernel for TF's fused CPU ops, and one XLA module would discard "
-          "the placement; use fusion=False, placement=None for XLA", jit)
+  jit = compile_kwargs.pop("jit_compile", "auto")  # Keras' default
+  if jit not in (True, False, None, "auto"):
+    raise invalid_argument("jit_compile", "True, False, None or 'auto'", jit)
+  hooked = bool(fusion or placement)
   if placement is not None:
     from tfopt.placement.api import PLACERS  # pylint: disable=g-import-not-at-top
     names = sorted(PLACERS) + ["auto", "exact"]
@@ -298,12 +333,14 @@ def compile(model, *, fusion: bool = True,  # pylint: disable=redefined-builtin
     raise invalid_argument("model", "built outside a tf.distribute strategy "
                            "scope (tfopt.compile places one replica's step)",
                            f"<strategy {type(model.distribute_strategy).__name__}>")
-  model.compile(jit_compile=False if jit in (None, "auto") else jit,
-                **compile_kwargs)
-  if jit in (False, None, "auto") and (fusion or placement):
+  # Keras' own meaning for its functions (evaluate, predict, and train
+  # without the hook); the hook's step gets XLA through per-device marks.
+  model.compile(jit_compile=jit, **compile_kwargs)
+  if hooked:
     hook = _OptimizedTrainFunction(
         model, fusion=fusion, placement=placement, devices=devices,
-        memory_per_device=memory_per_device, verbose=verbose)
+        memory_per_device=memory_per_device, verbose=verbose,
+        xla=jit is True)
     # Keras' fit calls make_train_function(), which keeps a function that is
     # already set; compile() resets it, which removes the hook.
     model.train_function = hook
