@@ -129,3 +129,32 @@ def test_env_from_environ():
           env.collective_timeout_s, env.is_chief) == (1, 2, 3, "/r", 30.0,
                                                        False)
   assert worker.WorkerEnv.from_environ({}).is_chief
+
+
+class _Report(keras.callbacks.Callback):
+  """Records when its end-of-run report would be written."""
+
+  def __init__(self, run_dir):
+    super().__init__()
+    self.run_dir = run_dir
+    self.final_segment = True
+    self.segment_ends, self.finished = [], []
+
+  def on_train_end(self, logs=None):
+    self.segment_ends.append(self.final_segment)
+
+  def finish_run(self):
+    from tfopt.scale import heartbeat
+    self.finished.append(heartbeat.read(str(self.run_dir / "heartbeats"), 0))
+
+
+def test_end_of_run_report_once_after_the_last_segment(tmp_path):
+  report = _Report(tmp_path)
+  _fit(tmp_path, [report])
+  # One model.fit per epoch: three on_train_end calls, none the last word.
+  assert report.segment_ends == [False, False, False]
+  (beat,) = report.finished
+  # Written after the heartbeat said "done": a watcher sees "finishing",
+  # not a stuck step, however long the drawing takes.
+  assert beat is not None and beat["phase"] == "done"
+  assert report.final_segment

@@ -153,6 +153,8 @@ class StragglerMonitor(StepPhaseRecorder):
     self._cache: list = [{} for _ in range(self.workers)]
     self._writer = None
     self._tensorboard_dir = tensorboard_dir
+    # False while tfopt.scale.worker.fit runs segments: it calls finish_run.
+    self.final_segment = True
 
   def _path(self, worker: int) -> str:
     return os.path.join(self.directory, f"worker-{worker}.jsonl")
@@ -170,6 +172,15 @@ class StragglerMonitor(StepPhaseRecorder):
 
   def on_train_end(self, logs=None):
     self._flush()
+    if self.final_segment:
+      self.finish_run()
+
+  def finish_run(self) -> None:
+    """The chief's end-of-run report: `report`, heatmap.png, trace.json.
+    Called at the end of `fit`, or, under `tfopt.scale.worker.fit` (one
+    `model.fit` per epoch segment, `final_segment` False), once after the
+    last segment and after the heartbeat says "done": drawing takes
+    seconds, which a watcher would otherwise take for a stuck step."""
     if self.worker == 0 and self.workers > 1:
       aligned = self._read_all()
       if aligned is not None:

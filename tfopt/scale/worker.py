@@ -308,6 +308,11 @@ def fit(model, dataset_fn, *, epochs: int, steps_per_epoch: int,
   preemption.install()
   begin = [_StepBegin(beat)] if beat else []
   history: dict = {}
+  # Callbacks with an end-of-run report (StragglerMonitor) write it once,
+  # after the last segment, not at every segment's on_train_end.
+  finishers = [cb for cb in callbacks if hasattr(cb, "finish_run")]
+  for cb in finishers:
+    cb.final_segment = False
   try:
     for epoch in range(start_epoch, epochs):
       offset = skip if epoch == start_epoch else 0
@@ -338,6 +343,10 @@ def fit(model, dataset_fn, *, epochs: int, steps_per_epoch: int,
       beat.stop()
     if steps_log:
       steps_log.close()
+  # After the beat says "done": the watcher counts this as finishing.
+  for cb in finishers:
+    cb.final_segment = True
+    cb.finish_run()
   result = FitResult(progress.global_step, start_step, progress.preempted,
                      history)
   if result.preempted and exit_on_preemption:
