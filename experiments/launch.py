@@ -20,9 +20,6 @@ scripts that cannot import `experiments`.
 
 from __future__ import annotations
 
-import glob
-import json
-import os
 import shlex
 import sys
 
@@ -53,8 +50,7 @@ flags.DEFINE_float("startup_timeout_s", 300.0, "Launch to first step.")
 
 def main(argv):
   apply_config()
-  from tfopt.scale.launch import LaunchError, launch  # pylint: disable=import-outside-toplevel
-  from tfopt.scale.protocol import PREEMPTED_EXIT  # pylint: disable=import-outside-toplevel
+  from tfopt.scale.launch import run_and_report  # pylint: disable=import-outside-toplevel
   command = list(argv[1:]) or shlex.split(FLAGS.command or "")
   if not command:
     raise app.UsageError("Give the worker command: command in --config or "
@@ -63,46 +59,14 @@ def main(argv):
   if FLAGS.workers <= 0:
     raise app.UsageError(f"--workers must be a positive integer. Received: "
                          f"{FLAGS.workers}")
-  try:
-    result = launch(command, FLAGS.workers, run_dir=FLAGS.run_dir,
-                    max_restarts=FLAGS.max_restarts,
-                    backoff_s=FLAGS.backoff_s,
-                    heartbeat_timeout_s=FLAGS.heartbeat_timeout_s,
-                    stuck_factor=FLAGS.stuck_factor,
-                    min_stuck_s=FLAGS.min_stuck_s,
-                    startup_timeout_s=FLAGS.startup_timeout_s,
-                    faults=FLAGS.inject)
-  except (ValueError, FileNotFoundError, PermissionError) as err:
-    print(f"error: {err}", file=sys.stderr)
-    return 2
-  except LaunchError as err:
-    print(f"error: {err}", file=sys.stderr)
-    return 1
-  for rec in result.attempts:
-    failure = rec["failure"]
-    what = (f"{failure['kind']} (worker {failure['worker']})" if failure
-            else "success")
-    print(f"attempt {rec['attempt']}: {what}, steps "
-          f"{rec['resumed_from'] or 0}..{rec['last_step']}")
-  trajectory = result.trajectory()
-  print(f"trajectory: {trajectory['steps']} steps, lost "
-        f"{trajectory['lost']}, repeated {trajectory['repeated']}, "
-        f"recomputed {trajectory['recomputed']}")
-  good = result.goodput()
-  if good["goodput"] is not None:
-    print(f"goodput {good['goodput']:.2f} of {good['wall_s']:.1f} s: "
-          f"startup {good['startup_s']:.1f} s, restart "
-          f"{good['restart_s']:.1f} s, recomputed {good['recomputed_steps']} "
-          f"steps")
-  for path in sorted(glob.glob(os.path.join(result.run_dir,
-                                            "final-worker-*.json"))):
-    with open(path, encoding="utf-8") as f:
-      final = json.load(f)
-    print(f"worker {final['worker']}: step {final['global_step']}, final "
-          f"loss {final['final_loss']:.6f}, weights sha256 "
-          f"{final['weights_sha256'][:16]}")
-  print(f"run directory: {result.run_dir}")
-  return PREEMPTED_EXIT if result.preempted else 0
+  return run_and_report(command, FLAGS.workers, run_dir=FLAGS.run_dir,
+                        max_restarts=FLAGS.max_restarts,
+                        backoff_s=FLAGS.backoff_s,
+                        heartbeat_timeout_s=FLAGS.heartbeat_timeout_s,
+                        stuck_factor=FLAGS.stuck_factor,
+                        min_stuck_s=FLAGS.min_stuck_s,
+                        startup_timeout_s=FLAGS.startup_timeout_s,
+                        faults=FLAGS.inject)
 
 
 if __name__ == "__main__":

@@ -86,6 +86,16 @@ def test_hook_on_zoo_models_matches_plain_keras(name):
   assert "nodes fewer" in report.pipeline_table  # fold changed the step
 
 
+# The subprocess scripts' shared part: the MLP and plain Keras' losses.
+_PLAIN_MLP = """def build():
+  keras.utils.set_random_seed(0)
+  return zoo.mlp(hidden=(32, 32), input_dim=16)
+loss = lambda: keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+m = build(); x, y = m.batch(64)
+plain = m.model.fit(x, y, batch_size=16, epochs=2, shuffle=False,
+                    verbose=0).history["loss"]
+"""
+
 _PLACED = """
 import json, sys
 import tensorflow as tf
@@ -94,14 +104,7 @@ tf.config.set_logical_device_configuration(
     cpu, [tf.config.LogicalDeviceConfiguration()] * 2)
 import keras, numpy as np, tfopt
 from tfopt import zoo
-def build():
-  keras.utils.set_random_seed(0)
-  return zoo.mlp(hidden=(32, 32), input_dim=16)
-loss = lambda: keras.losses.SparseCategoricalCrossentropy(from_logits=True)
-m = build(); x, y = m.batch(64)
-plain = m.model.fit(x, y, batch_size=16, epochs=2, shuffle=False,
-                    verbose=0).history["loss"]
-model = tfopt.compile(build().model, optimizer="adam", loss=loss(),
+""" + _PLAIN_MLP + """model = tfopt.compile(build().model, optimizer="adam", loss=loss(),
                       placement="m-etf",
                       devices=["/device:CPU:0", "/device:CPU:1"],
                       memory_per_device=1 << 30, verbose=False,
@@ -140,14 +143,7 @@ import json, os, sys
 import tfopt  # first: with keras first, TF_CPP_VMODULE was not honoured
 import keras, numpy as np
 from tfopt import zoo
-def build():
-  keras.utils.set_random_seed(0)
-  return zoo.mlp(hidden=(32, 32), input_dim=16)
-loss = lambda: keras.losses.SparseCategoricalCrossentropy(from_logits=True)
-m = build(); x, y = m.batch(64)
-plain = m.model.fit(x, y, batch_size=16, epochs=2, shuffle=False,
-                    verbose=0).history["loss"]
-model = tfopt.compile(build().model, optimizer="adam", loss=loss(),
+""" + _PLAIN_MLP + """model = tfopt.compile(build().model, optimizer="adam", loss=loss(),
                       jit_compile=True, verbose=False)
 print("FIT BEGINS", file=sys.stderr, flush=True)
 xla = model.fit(x, y, batch_size=16, epochs=2, shuffle=False,

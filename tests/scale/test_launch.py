@@ -9,7 +9,7 @@ import socket
 import pytest
 
 from tfopt.scale.launch import (Fault, LaunchError, LaunchResult, free_ports,
-                                launch, main)
+                                launch, main, summary)
 
 FAKE = os.path.join(os.path.dirname(os.path.abspath(__file__)),
                     "fake_worker.py")
@@ -41,6 +41,36 @@ def test_goodput_accounts_for_startup_and_restarts(tmp_path):
   assert g["goodput"] == pytest.approx(40 / 62)
   assert (g["startup_s"], g["restart_s"], g["recomputed_steps"]) == (
       18.0, 3.0, 5)
+
+
+def test_summary_of_a_restarted_run(tmp_path):
+  attempts = [
+      {"attempt": 0, "started": 100.0, "ended": 130.0, "first_step_s": 10.0,
+       "resumed_from": None, "last_step": 40, "median_step_s": 0.5,
+       "failure": {"kind": "killed", "worker": 1, "detected_at": 129.0}},
+      {"attempt": 1, "started": 132.0, "ended": 162.0, "first_step_s": 8.0,
+       "resumed_from": 35, "last_step": 80, "median_step_s": 0.5,
+       "failure": None}]
+  (tmp_path / "steps").mkdir()
+  (tmp_path / "steps" / "worker-0.jsonl").write_text("".join(
+      json.dumps({"attempt": a, "step": s, "loss": 0.0}) + "\n"
+      for a, lo, hi in ((0, 1, 40), (1, 36, 80)) for s in range(lo, hi + 1)))
+  for w in (1, 0):
+    (tmp_path / f"final-worker-{w}.json").write_text(json.dumps(
+        {"worker": w, "global_step": 80, "final_loss": 0.25,
+         "weights_sha256": "ab" * 32}))
+  text = summary(LaunchResult(True, str(tmp_path), attempts)).splitlines()
+  assert text == [
+      "attempt 0: killed (worker 1), steps 0..40",
+      "attempt 1: success, steps 35..80",
+      "trajectory: 80 steps, lost [], repeated [], recomputed 5",
+      "goodput 0.65 of 62.0 s: startup 18.0 s, restart 3.0 s, recomputed "
+      "5 steps",
+      "worker 0: step 80, final loss 0.250000, weights sha256 "
+      "abababababababab",
+      "worker 1: step 80, final loss 0.250000, weights sha256 "
+      "abababababababab",
+      f"run directory: {tmp_path}"]
 
 
 def test_clean_run_and_record(tmp_path):

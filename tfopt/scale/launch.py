@@ -36,6 +36,7 @@ from __future__ import annotations
 import argparse
 import collections
 import dataclasses
+import glob
 import json
 import os
 import re
@@ -600,29 +601,66 @@ def main(argv=None) -> int:
   if not command:
     parser.error("give the training command after --, e.g. "
                  "-- train.py --epochs=3")
+  return run_and_report(
+      command, args.workers, run_dir=args.run_dir,
+      max_restarts=args.max_restarts, backoff_s=args.backoff_s,
+      heartbeat_timeout_s=args.heartbeat_timeout_s,
+      stuck_factor=args.stuck_factor, min_stuck_s=args.min_stuck_s,
+      startup_timeout_s=args.startup_timeout_s, faults=args.inject,
+      ports=(args.ports.split(",") if args.ports else None))
+
+
+def run_and_report(command, workers: int, **kwargs) -> int:
+  """`launch` for a command line: prints `summary` (or the error on
+  stderr) and returns the exit status: 0 done, 1 the launcher gave up, 2
+  bad input, `PREEMPTED_EXIT` (75) preempted."""
   try:
-    result = launch(command, args.workers, run_dir=args.run_dir,
-                    max_restarts=args.max_restarts, backoff_s=args.backoff_s,
-                    heartbeat_timeout_s=args.heartbeat_timeout_s,
-                    stuck_factor=args.stuck_factor,
-                    min_stuck_s=args.min_stuck_s,
-                    startup_timeout_s=args.startup_timeout_s,
-                    faults=args.inject,
-                    ports=(args.ports.split(",") if args.ports else None))
+    result = launch(command, workers, **kwargs)
   except (ValueError, FileNotFoundError, PermissionError) as err:
     print(f"error: {err}", file=sys.stderr)
     return 2
   except LaunchError as err:
     print(f"error: {err}", file=sys.stderr)
     return 1
+  print(summary(result))
+  return wk.PREEMPTED_EXIT if result.preempted else 0
+
+
+def summary(result: LaunchResult) -> str:
+  """Every attempt (failure kind and worker, steps), the stitched
+  trajectory, the goodput, each worker's `final-worker-<i>.json` when the
+  job writes one (experiments/scale_train.py does: final loss and weights
+  SHA-256), and the run directory."""
+  lines = []
   for rec in result.attempts:
     failure = rec["failure"]
     what = (f"{failure['kind']} (worker {failure['worker']})" if failure
             else "success")
-    print(f"attempt {rec['attempt']}: {what}, steps "
-          f"{rec['resumed_from']}..{rec['last_step']}")
-  print(f"run directory: {result.run_dir}")
-  return wk.PREEMPTED_EXIT if result.preempted else 0
+    lines.append(f"attempt {rec['attempt']}: {what}, steps "
+                 f"{rec['resumed_from'] or 0}..{rec['last_step']}")
+  if result.attempts:
+    trajectory = result.trajectory()
+    lines.append(f"trajectory: {trajectory['steps']} steps, lost "
+                 f"{trajectory['lost']}, repeated {trajectory['repeated']}, "
+                 f"recomputed {trajectory['recomputed']}")
+    good = result.goodput()
+    if good["goodput"] is not None:
+      lines.append(f"goodput {good['goodput']:.2f} of {good['wall_s']:.1f} "
+                   f"s: startup {good['startup_s']:.1f} s, restart "
+                   f"{good['restart_s']:.1f} s, recomputed "
+                   f"{good['recomputed_steps']} steps")
+  finals = glob.glob(os.path.join(result.run_dir, "final-worker-*.json"))
+  for path in sorted(finals, key=lambda p: int(re.findall(r"\d+", p)[-1])):
+    with open(path, encoding="utf-8") as f:
+      final = json.load(f)
+    if isinstance(final, dict):
+      w = final.get("worker", "?")
+      lines.append(f"worker {w}: step {final.get('global_step')}, final "
+                   f"loss {final.get('final_loss', float('nan')):.6f}, "
+                   f"weights sha256 "
+                   f"{str(final.get('weights_sha256', ''))[:16]}")
+  lines.append(f"run directory: {result.run_dir}")
+  return "\n".join(lines)
 
 
 if __name__ == "__main__":
