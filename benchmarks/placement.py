@@ -25,6 +25,7 @@ from absl import app, flags
 
 from tfopt import Cluster
 from tfopt.graph import load_costgraph
+from tfopt.graph.analysis import live_memory_bound
 from tfopt.graph.synthetic import layered_dag, total_memory
 from tfopt.placement import InfeasiblePlacement, place
 
@@ -57,15 +58,24 @@ def _workloads():
     yield f"synthetic_{size}", graph, costs
 
 
+_BOUNDS: dict = {}
+
+
 def _row(name, graph, costs, devices, fraction):
   cap = int(total_memory(graph, costs) * fraction)
   cluster = Cluster.uniform(devices, cap)
+  total = total_memory(graph, costs)
+  bound = _BOUNDS.setdefault(name, live_memory_bound(graph, costs))
   row = {"workload": name, "ops": len(graph), "devices": devices,
-         "memory_fraction": fraction, "cap_bytes": cap}
+         "memory_fraction": fraction, "cap_bytes": cap,
+         # Bytes live at once in any schedule, as a fraction of the total:
+         # above devices x fraction, no plan exists.
+         "live_bound_fraction": bound.bytes / total}
   try:
     result = place(graph, cluster, costs)
   except InfeasiblePlacement as err:
-    return dict(row, feasible=False, error=str(err))
+    return dict(row, feasible=False, error=str(err),
+                proven_infeasible=bound.bytes > devices * cap)
   by_name = {c.placer: c for c in result.candidates}
   single, topo = by_name["single"], by_name["m-topo"]
   row.update(
@@ -105,8 +115,13 @@ def main(argv):
         r = _row(name, graph, costs, devices, fraction)
         rows.append(r)
         if not r["feasible"]:
+          why = ("no plan exists: live bound "
+                 f"{r['live_bound_fraction']:.3f} > {devices * fraction:.2f}"
+                 if r["proven_infeasible"] else
+                 f"none found (live bound {r['live_bound_fraction']:.3f} "
+                 f"<= {devices * fraction:.2f})")
           print(f"{name:<34}{r['ops']:>6}{devices:>3}{fraction:>6.2f}  "
-                f"infeasible: {r['error'][:80]}")
+                f"infeasible, {why}")
           continue
         print(f"{name:<34}{r['ops']:>6}{devices:>3}{fraction:>6.2f}  "
               f"{r['placer']:<19}{r['placement_seconds']:>7.2f}"

@@ -3,8 +3,8 @@
 import pytest
 
 from tfopt.cost import CommModel, CostModel, OpCost
-from tfopt.graph import (Edge, Op, OpGraph, critical_path, graph_summary,
-                         makespan_lower_bound)
+from tfopt.graph import (Edge, Op, OpGraph, critical_path, format_summary,
+                         graph_summary, makespan_lower_bound)
 
 
 def _graph(names, edges):
@@ -88,3 +88,9 @@ def test_summary_totals():
   assert s["lower_bound_us"] == 7.0 and s["profiled_ops"] == 3
   assert s["output_bytes"] == 4000 and s["persistent_bytes"] == 100
   assert s["total_memory_bytes"] == 4110
+  # While d (reading b and c) runs: a's persistent 100, b's and c's outputs
+  # and d's own; a's output is dead by then (b and c read it).
+  out = {op.name: sum(op.output_bytes) for op in DIAMOND.ops}
+  assert s["live_memory_bound_bytes"] == 100 + out["b"] + out["c"] + \
+      out["d"]
+  assert "live at once" in format_summary(s)

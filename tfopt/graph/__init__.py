@@ -1,8 +1,9 @@
 """OpGraph, its construction from TensorFlow, its file format and analyses."""
 
 from tfopt._lazy import lazy_getattr
-from tfopt.graph.analysis import (CriticalPath, critical_path, format_summary,
-                                  graph_summary, makespan_lower_bound)
+from tfopt.graph.analysis import (CriticalPath, LiveMemoryBound, critical_path,
+                                  format_summary, graph_summary,
+                                  live_memory_bound, makespan_lower_bound)
 from tfopt.graph.costgraph_io import (FORMAT, CostGraph, costgraph_from_dict,
                                       costgraph_to_dict, load_costgraph,
                                       save_costgraph)
@@ -22,8 +23,9 @@ _LAZY = {
 __getattr__ = lazy_getattr("tfopt.graph", _LAZY)
 
 
-__all__ = ["CONTROL", "CostGraph", "CriticalPath", "Edge", "FORMAT", "Op",
-           "OpGraph", "costgraph_from_dict", "costgraph_to_dict",
-           "critical_path", "format_summary", "graph_summary",
-           "load_costgraph", "makespan_lower_bound", "save_costgraph",
+__all__ = ["CONTROL", "CostGraph", "CriticalPath", "Edge", "FORMAT",
+           "LiveMemoryBound", "Op", "OpGraph", "costgraph_from_dict",
+           "costgraph_to_dict", "critical_path", "format_summary",
+           "graph_summary", "live_memory_bound", "load_costgraph",
+           "makespan_lower_bound", "save_costgraph",
            "topological_order", *_LAZY]

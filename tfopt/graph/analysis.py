@@ -81,6 +81,129 @@ def makespan_lower_bound(graph: OpGraph, costs: Costs,
   return max(critical_path(graph, costs).length_us, total / num_devices)
 
 
+def format_bytes(nbytes: float) -> str:
+  """Bytes for a person, three significant digits (decimal units).
+
+  >>> format_bytes(512), format_bytes(3_200), format_bytes(614e6)
+  ('512 B', '3.20 KB', '614 MB')
+  >>> format_bytes(5.347e9), format_bytes(35e9)
+  ('5.35 GB', '35.0 GB')
+  """
+  for unit, size in (("GB", 1e9), ("MB", 1e6), ("KB", 1e3)):
+    if nbytes >= size:
+      value = nbytes / size
+      digits = 0 if value >= 100 else 1 if value >= 10 else 2
+      return f"{value:,.{digits}f} {unit}"
+  return f"{nbytes:,.0f} B"
+
+
+@dataclasses.dataclass(frozen=True)
+class LiveMemoryBound:
+  """Bytes live at once while `op` runs, in every schedule on any devices.
+
+  `bytes` = `persistent` (every op's, all step) + `temp` (the op's own) +
+  `tensors` (outputs started before or with the op and read by it or
+  after it, each counted once, copies not counted)."""
+  bytes: int
+  op: str | None
+  persistent: int
+  temp: int
+  tensors: int
+
+  def explain(self, caps_total: float, num_devices: int) -> str:
+    """Why no plan fits when `bytes` > `caps_total`."""
+    mb = format_bytes
+    return (f"no plan can exist: while op {self.op!r} runs, at least "
+            f"{mb(self.bytes)} are live on the devices together in any "
+            f"schedule (persistent {mb(self.persistent)} + its temp "
+            f"{mb(self.temp)} + tensors produced before it and read by it or "
+            f"later {mb(self.tensors)}), more than the {num_devices} devices' "
+            f"caps together ({mb(caps_total)})")
+
+
+def live_memory_bound(graph: OpGraph, costs: Costs) -> LiveMemoryBound:
+  """The largest, over ops v that take time, of the bytes that must be live
+  somewhere while v runs, whatever the placement and the order.
+
+  In the simulator's memory model (`tfopt.simulate`) a tensor is held from
+  its producer's start until its last consumer finished (on the sender
+  until its copies are sent, on each receiver from the copy's start), so a
+  tensor produced by v or an ancestor of v and read by v or a descendant of
+  v is live throughout v's run; so are every op's persistent bytes and v's
+  temp bytes. Their sum bounds the devices' liveness peaks added up: if it
+  exceeds the caps added up, no placement fits. (A training graph's bound
+  sits near the loss: every activation a backward op reads is live there.)
+
+  >>> from tfopt.graph.opgraph import Op, Edge
+  >>> g = OpGraph([Op("a", "X", output_bytes=(100,)),
+  ...              Op("b", "X", output_bytes=(10,)),
+  ...              Op("c", "X", output_bytes=(1,))],
+  ...             [Edge("a", "b", bytes=100), Edge("b", "c", bytes=10),
+  ...              Edge("a", "c", bytes=100)])
+  >>> bound = live_memory_bound(g, {"a": 1.0, "b": 1.0, "c": 1.0})
+  >>> bound.op, bound.bytes  # while c runs: a's, b's and its own output
+  ('c', 111)
+  """
+  table = op_costs(graph, costs)
+  order = list(topological_order(graph))
+  index = {name: i for i, name in enumerate(order)}
+  n = len(order)
+  persistent = sum(c.persistent_bytes for c in table.values())
+  if not n:
+    return LiveMemoryBound(persistent, None, persistent, 0, 0)
+  # Bitsets over topological positions: strict ancestors and descendants.
+  anc = [0] * n
+  for i, name in enumerate(order):
+    for e in graph.in_edges(name):
+      j = index[e.src]
+      anc[i] |= anc[j] | (1 << j)
+  desc = [0] * n
+  for i in range(n - 1, -1, -1):
+    for e in graph.out_edges(order[i]):
+      j = index[e.dst]
+      desc[i] |= desc[j] | (1 << j)
+  # Each tensor (producer, port): the ops during whose run it is live.
+  # Its bytes: the smaller of the output and its copies (either may be the
+  # one alive at a given moment).
+  readers: dict[tuple[str, int], list] = {}
+  for e in graph.edges:
+    if not e.is_control:
+      readers.setdefault((e.src, e.src_output), []).append(e)
+  import numpy as np  # pylint: disable=g-import-not-at-top
+  live = np.zeros(n, dtype=np.float64)
+  nbytes_per_row = (n + 7) // 8
+  for (src, port), edges in readers.items():
+    size = min([graph[src].output_bytes[port]] + [e.bytes for e in edges]) \
+        if port < len(graph[src].output_bytes) else 0
+    if size <= 0:
+      continue
+    u = index[src]
+    spans = 0
+    for e in edges:
+      c = index[e.dst]
+      spans |= anc[c] | (1 << c)
+    during = (desc[u] & spans)  # strict descendants of u, up to a reader
+    if not during:
+      continue
+    bits = np.unpackbits(np.frombuffer(during.to_bytes(
+        nbytes_per_row, "little"), dtype=np.uint8), bitorder="little")[:n]
+    live += float(size) * bits
+  best, best_v = -1, None
+  best_parts = (0, 0)
+  for i, name in enumerate(order):
+    c = table[name]
+    if c.compute_us <= 0:
+      continue  # an instantaneous op: no moment strictly inside its run
+    own = sum(graph[name].output_bytes)
+    tensors = int(live[i]) + own
+    total = persistent + c.temp_bytes + tensors
+    if total > best:
+      best, best_v, best_parts = total, name, (c.temp_bytes, tensors)
+  if best_v is None:
+    return LiveMemoryBound(persistent, None, persistent, 0, 0)
+  return LiveMemoryBound(best, best_v, persistent, *best_parts)
+
+
 def graph_summary(graph: OpGraph, costs: CostModel,
                   num_devices: int = 4) -> dict:
   """Counts and totals a person reads first, as a JSON-ready dict."""
@@ -109,6 +232,8 @@ def graph_summary(graph: OpGraph, costs: CostModel,
       "output_bytes": output_bytes,
       "temp_bytes": temp,
       "total_memory_bytes": persistent + output_bytes + temp,
+      # What the devices' caps must hold together, in any schedule.
+      "live_memory_bound_bytes": live_memory_bound(graph, costs).bytes,
   }
 
 
@@ -133,4 +258,8 @@ def format_summary(summary: Mapping) -> str:
       f"{summary['output_bytes'] / mib:.1f}, temp "
       f"{summary['temp_bytes'] / mib:.1f})",
   ]
+  if "live_memory_bound_bytes" in summary:
+    lines.append(f"live at once     at least "
+                 f"{summary['live_memory_bound_bytes'] / mib:.1f} MiB in any "
+                 f"schedule (the caps together must hold it)")
   return "\n".join(lines)

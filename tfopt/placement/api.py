@@ -16,6 +16,12 @@ wins a tie): "auto" is never worse than one device when one device fits. A
 named placer returns its own plan, still simulated. m-ETF and m-SCT retry in
 reserve mode (new work only starts on a device below 1.1, 1.25 or 1.5 equal
 shares of the graph's memory) before they give up.
+
+Before any placer runs, `live_memory_bound` checks that a plan can exist at
+all: when the bytes that must be live at once in any schedule (at some op:
+persistent memory, its temp, and the tensors produced before it and read by
+it or later) exceed the devices' caps added up, `InfeasiblePlacement` says
+so, naming that op, instead of reporting that the placers found nothing.
 """
 
 from __future__ import annotations
@@ -26,7 +32,8 @@ from typing import Callable, Mapping
 
 from tfopt._errors import invalid_argument
 from tfopt.cluster import Cluster
-from tfopt.graph.analysis import makespan_lower_bound
+from tfopt.graph.analysis import (format_bytes, live_memory_bound,
+                                  makespan_lower_bound)
 from tfopt.graph.opgraph import OpGraph
 from tfopt.placement import exact as exact_placer
 from tfopt.placement.coarsen import coarsen as coarsen_graph
@@ -252,6 +259,10 @@ def place(graph: OpGraph, cluster: Cluster, costs, placer: str = "auto", *,
                            f"{sorted(PLACERS)}", placer)
   started = time.perf_counter()
   problem = make_problem(graph, cluster, costs, pins=pins, headroom=headroom)
+  caps_total = sum(problem.caps)
+  bound = live_memory_bound(graph, problem.costs)
+  if bound.bytes > caps_total:
+    raise InfeasiblePlacement(bound.explain(caps_total, len(cluster)) + ".")
   names = _auto_names(problem) if placer == "auto" else (placer,)
   if placer == "exact":
     hint = _attempt(problem, "m-etf")
@@ -291,8 +302,12 @@ def place(graph: OpGraph, cluster: Cluster, costs, placer: str = "auto", *,
     reasons = "; ".join(
         f"{c.placer}: {c.error or 'over cap ' + str(c.schedule.over_cap())}"
         for c in candidates)
-    raise InfeasiblePlacement(f"No feasible placement on {len(cluster)} "
-                              f"devices. {reasons}")
+    raise InfeasiblePlacement(
+        f"No feasible placement on {len(cluster)} devices. {reasons}. (The "
+        f"live-memory bound does not rule a plan out: "
+        f"{format_bytes(bound.bytes)} must be live at once while op "
+        f"{bound.op!r} runs, within the caps together, "
+        f"{format_bytes(caps_total)}.)")
   best = min(feasible, key=lambda c: c.schedule.makespan_us)
   return PlacementResult(best.placer, best.placement, best.schedule,
                          time.perf_counter() - started, tuple(candidates),
