@@ -26,6 +26,7 @@ import sys
 from absl import app, flags
 
 from experiments._config import apply_config, define_config_flag
+from tfopt.scale.launch import DEFAULTS, run_and_report
 
 FLAGS = flags.FLAGS
 define_config_flag()
@@ -33,24 +34,24 @@ flags.DEFINE_string("command", None, "The worker command (script.py and its "
                     "flags, split like a shell line); arguments after `--` "
                     "replace it.")
 flags.DEFINE_integer("workers", 2, "Loopback workers.")
-flags.DEFINE_integer("max_restarts", 3, "Restarts before giving up.")
+flags.DEFINE_integer("max_restarts", DEFAULTS["max_restarts"],
+                     "Restarts before giving up.")
 flags.DEFINE_string("run_dir", None, "Run directory (a new temporary one "
                     "when not given); an existing one is reused, nothing in "
                     "it is deleted.")
 flags.DEFINE_list("inject", [], "Faults kind:worker:step[:attempt], kind in "
                   "kill, stop, term.")
-flags.DEFINE_float("backoff_s", 1.0, "First restart backoff (doubles).")
-flags.DEFINE_float("heartbeat_timeout_s", 5.0, "A beat older than this is "
-                   "a lost worker.")
-flags.DEFINE_float("stuck_factor", 10.0, "No step for this many median "
-                   "step times is stuck ...")
-flags.DEFINE_float("min_stuck_s", 10.0, "... and at least this long.")
-flags.DEFINE_float("startup_timeout_s", 300.0, "Launch to first step.")
+for _name, _help in (
+    ("backoff_s", "First restart backoff (doubles)."),
+    ("heartbeat_timeout_s", "A beat older than this is a lost worker."),
+    ("stuck_factor", "No step for this many median step times is stuck ..."),
+    ("min_stuck_s", "... and at least this long."),
+    ("startup_timeout_s", "Launch to first step.")):
+  flags.DEFINE_float(_name, DEFAULTS[_name], _help)
 
 
 def main(argv):
   apply_config()
-  from tfopt.scale.launch import run_and_report  # pylint: disable=import-outside-toplevel
   command = list(argv[1:]) or shlex.split(FLAGS.command or "")
   if not command:
     raise app.UsageError("Give the worker command: command in --config or "

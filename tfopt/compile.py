@@ -32,8 +32,8 @@ Keras' `evaluate`, `predict` and saving are untouched. What tfopt cannot
 honour is refused up front: another Keras backend, `steps_per_execution`
 other than 1, a distribution strategy, devices that do not exist, a
 variable living on a device outside `devices`. `jit_compile=True` with
-fusion=False and no placement is Keras' own XLA step (no hook). Calling `model.compile`
-again removes the hook.
+fusion=False and no placement is Keras' own XLA step (no hook). Calling
+`model.compile` again removes the hook.
 """
 
 from __future__ import annotations

@@ -116,8 +116,8 @@ class LiveMemoryBound:
     return (f"no plan can exist: while op {self.op!r} runs, at least "
             f"{mb(self.bytes)} are live on the devices together in any "
             f"schedule (persistent {mb(self.persistent)} + its temp "
-            f"{mb(self.temp)} + tensors produced before it and read by it or "
-            f"later {mb(self.tensors)}), more than the {num_devices} devices' "
+            f"{mb(self.temp)} + tensors produced before it or by it and read "
+            f"by it or later {mb(self.tensors)}), more than the {num_devices} devices' "
             f"caps together ({mb(caps_total)})")
 
 

@@ -23,15 +23,12 @@ from typing import Mapping
 from tfopt._errors import invalid_argument
 from tfopt.cluster import Cluster
 from tfopt.cost.cost_model import OpCost, op_costs
+from tfopt.graph.analysis import format_bytes
 from tfopt.graph.opgraph import OpGraph, topological_order
 
 
 class InfeasiblePlacement(ValueError):
   """No plan satisfying the memory caps and constraints was found."""
-
-
-def _mb(nbytes: float) -> str:
-  return f"{nbytes / 1e6:,.0f} MB"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -120,8 +117,8 @@ def make_problem(graph: OpGraph, cluster: Cluster, costs, *,
       what = (f"op {gid!r}" if len(members[gid]) == 1 else
               f"colocation group {gid!r} ({len(members[gid])} ops)")
       raise InfeasiblePlacement(
-          f"{what} needs {_mb(need)}; the largest device cap it may use is "
-          f"{_mb(largest)}.")
+          f"{what} needs {format_bytes(need)}; the largest device cap it may "
+          f"use is {format_bytes(largest)}.")
   return PlacementProblem(
       graph, table, cluster, order, rank, group_of,
       {g: tuple(v) for g, v in members.items()}, allowed, memory,

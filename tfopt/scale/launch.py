@@ -37,6 +37,7 @@ import argparse
 import collections
 import dataclasses
 import glob
+import inspect
 import json
 import os
 import re
@@ -553,6 +554,12 @@ class Launcher:
       index += 1
 
 
+# The launcher's keyword defaults, for the command lines built on it.
+DEFAULTS = {name: p.default for name, p in inspect.signature(
+    Launcher.__init__).parameters.items()
+            if p.default is not inspect.Parameter.empty}
+
+
 def _in_main_thread() -> bool:
   import threading  # pylint: disable=import-outside-toplevel
   return threading.current_thread() is threading.main_thread()
@@ -585,13 +592,12 @@ def main(argv=None) -> int:
       description="Run a training script on N loopback workers with "
                   "heartbeats and restarts: ... -- script.py [args]")
   parser.add_argument("--workers", type=int, required=True)
-  parser.add_argument("--max_restarts", type=int, default=3)
+  parser.add_argument("--max_restarts", type=int,
+                      default=DEFAULTS["max_restarts"])
   parser.add_argument("--run_dir", default=None)
-  parser.add_argument("--backoff_s", type=float, default=1.0)
-  parser.add_argument("--heartbeat_timeout_s", type=float, default=5.0)
-  parser.add_argument("--stuck_factor", type=float, default=10.0)
-  parser.add_argument("--min_stuck_s", type=float, default=10.0)
-  parser.add_argument("--startup_timeout_s", type=float, default=300.0)
+  for name in ("backoff_s", "heartbeat_timeout_s", "stuck_factor",
+               "min_stuck_s", "startup_timeout_s"):
+    parser.add_argument(f"--{name}", type=float, default=DEFAULTS[name])
   parser.add_argument("--ports", default=None,
                       help="comma-separated ports for the first attempt")
   parser.add_argument("--inject", action="append", default=[],

@@ -336,6 +336,8 @@ def fit(model, dataset_fn, *, epochs: int, steps_per_epoch: int,
                           progress.in_epoch, blocking=True)
       checkpointer.wait()
   finally:
+    for cb in finishers:
+      cb.final_segment = True  # also after an exception: plain fit again
     progress.flush_log()  # an exception still logs its steps; kill -9 not
     preemption.uninstall()
     if beat:
@@ -345,7 +347,6 @@ def fit(model, dataset_fn, *, epochs: int, steps_per_epoch: int,
       steps_log.close()
   # After the beat says "done": the watcher counts this as finishing.
   for cb in finishers:
-    cb.final_segment = True
     cb.finish_run()
   result = FitResult(progress.global_step, start_step, progress.preempted,
                      history)
