@@ -1,5 +1,11 @@
 """Placed steps run for real: same numbers as one device, ops where planned."""
 
+import os
+import signal
+import subprocess
+import sys
+import time
+
 import numpy as np
 import pytest
 import tensorflow as tf
@@ -109,9 +115,50 @@ def test_placed_step_across_processes_equals_one_device(cnn, tmp_path):
                                                for t in tasks}
 
 
+def test_servers_exit_when_their_client_dies(tmp_path):
+  # A client killed by a signal runs no cleanup; its servers must not stay.
+  script = tmp_path / "client.py"
+  script.write_text(
+      "import os, signal\n"
+      "from tfopt.runtime.processes import LoopbackServers\n"
+      "servers = LoopbackServers({'worker': 1, 'ps': 1})\n"
+      "print(*servers.pids, flush=True)\n"
+      "os.kill(os.getpid(), signal.SIGKILL)\n")
+  done = subprocess.run([sys.executable, str(script)], capture_output=True,
+                        text=True, timeout=300, check=False)
+  assert done.returncode == -signal.SIGKILL, done.stderr[-2000:]
+  pids = [int(p) for p in done.stdout.split()]
+  assert len(pids) == 2
+
+  def alive(pid):
+    try:
+      os.kill(pid, 0)
+    except ProcessLookupError:
+      return False
+    # An exited child of a dead client is re-parented and reaped; a zombie
+    # still answers kill(0), so read its state.
+    try:
+      with open(f"/proc/{pid}/stat", encoding="ascii") as stat:
+        return stat.read().split(")")[-1].split()[0] != "Z"
+    except FileNotFoundError:
+      return False
+
+  deadline = time.monotonic() + 60
+  while any(alive(p) for p in pids) and time.monotonic() < deadline:
+    time.sleep(0.5)
+  still = [p for p in pids if alive(p)]
+  for pid in still:
+    os.kill(pid, signal.SIGKILL)
+  assert not still, f"server processes {still} outlived their client"
+
+
 def test_loopback_servers_bad_input():
   with pytest.raises(ValueError, match="num_tasks"):
     LoopbackServers(0)
+  with pytest.raises(ValueError, match="mapping"):
+    LoopbackServers({})
+  with pytest.raises(ValueError, match=r"num_tasks\['ps'\]"):
+    LoopbackServers({"worker": 1, "ps": 0})
 
 
 def test_function_bodies_follow_their_callers_device():

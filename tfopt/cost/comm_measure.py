@@ -1,9 +1,10 @@
 """Measuring tensor copies between two real TensorFlow devices.
 
-By default the two devices are two `tf.distribute.Server` tasks started in
-this process on loopback ports (`/job:worker/task:0` and `task:1`): a tensor
-produced on one and consumed on the other really crosses TensorFlow's gRPC
-runtime. (Two CPU devices of one process share memory, so a "copy" between
+By default the two devices are two `tf.distribute.Server` processes on
+loopback ports (`tfopt.runtime.LoopbackServers`, `/job:worker/task:0` and
+`task:1`), stopped after the measurement: a tensor produced on one and
+consumed on the other really crosses TensorFlow's gRPC runtime between
+processes. (Two CPU devices of one process share memory, so a "copy" between
 them moves nothing and would fit a meaningless bandwidth.) Any two device
 strings reachable from a session target can be measured instead, e.g. two
 GPUs.
@@ -22,21 +23,9 @@ from typing import Sequence
 import tensorflow as tf
 
 from tfopt._errors import check_positive_int, invalid_argument
-from tfopt._net import free_ports
 from tfopt.cost.comm import CommFit, fit_comm_model
 
 DEFAULT_SIZES = tuple(4 ** k for k in range(0, 14))  # 1 B .. 64 MiB
-
-
-def start_loopback_servers(num_tasks: int = 2) -> list:
-  """Starts `num_tasks` in-process `tf.distribute.Server`s of job "worker"
-  on free loopback ports. They live until the process exits (TensorFlow
-  cannot stop a server)."""
-  check_positive_int("num_tasks", num_tasks)
-  spec = tf.train.ClusterSpec(
-      {"worker": [f"localhost:{p}" for p in free_ports(num_tasks)]})
-  return [tf.distribute.Server(spec, job_name="worker", task_index=i,
-                               start=True) for i in range(num_tasks)]
 
 
 def _timed(session, fetch, repeats: int) -> float:
@@ -57,10 +46,11 @@ def measure_transfer_times(sizes: Sequence[int] = DEFAULT_SIZES, *,
                            ) -> list[tuple[int, float]]:
   """(bytes, microseconds) of copying a tensor from `src` to `dst`.
 
-  With no devices given, starts two in-process loopback servers and measures
-  worker 1 -> worker 0. `config` is the session's ConfigProto (e.g. with
-  `device_count={"CPU": 2}` to measure two logical CPU devices). Returns one pair per size: the median transfer time
-  over `repeats` runs, minus the same computation without a transfer.
+  With no devices given, starts two loopback server processes, measures
+  worker 1 -> worker 0 and stops them. `config` is the session's
+  ConfigProto (e.g. with `device_count={"CPU": 2}` to measure two logical
+  CPU devices). Returns one pair per size: the median transfer time over
+  `repeats` runs, minus the same computation without a transfer.
   """
   check_positive_int("repeats", repeats)
   sizes = list(sizes)
@@ -68,12 +58,15 @@ def measure_transfer_times(sizes: Sequence[int] = DEFAULT_SIZES, *,
                       for s in sizes):
     raise invalid_argument("sizes", "a non-empty list of positive byte counts",
                            sizes)
-  servers = []  # the servers must stay referenced while measured
   if src_device is None and dst_device is None:
-    servers = start_loopback_servers(2)
-    target = servers[0].target
-    dst_device, src_device = "/job:worker/task:0", "/job:worker/task:1"
-  elif src_device is None or dst_device is None:
+    # Imported here: tfopt.runtime imports tfopt.cost.
+    from tfopt.runtime.processes import LoopbackServers  # pylint: disable=import-outside-toplevel
+    with LoopbackServers(2) as servers:
+      return measure_transfer_times(
+          sizes, src_device=servers.device_names[1],
+          dst_device=servers.device_names[0], target=servers.target,
+          repeats=repeats, config=config)
+  if src_device is None or dst_device is None:
     raise invalid_argument("src_device", "given together with `dst_device`",
                            src_device)
   graph = tf.Graph()

@@ -4,7 +4,8 @@ Each task is its own OS process running `tf.distribute.Server` (see
 server.py); a client session connects to task 0's gRPC target and runs a
 graph whose nodes carry `/job:worker/task:i/device:CPU:0` device strings, so
 every cross-task tensor goes through TensorFlow's own distributed runtime
-(rendezvous, gRPC). No home-made RPC.
+(rendezvous, gRPC). No home-made RPC. Several jobs (workers and parameter
+servers) make the cluster a ParameterServerStrategy connects to.
 """
 
 from __future__ import annotations
@@ -15,11 +16,26 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Mapping
 
-from tfopt._errors import check_positive_int
+from tfopt._errors import check_positive_int, invalid_argument
 from tfopt._net import free_ports
 from tfopt.cluster import Cluster
 from tfopt.cost.comm import CommModel
+
+
+def _task_counts(num_tasks, job: str) -> dict[str, int]:
+  """{job: count} from an int or a mapping, every count a positive int."""
+  if isinstance(num_tasks, Mapping):
+    if not num_tasks or not all(isinstance(name, str) and name
+                                for name in num_tasks):
+      raise invalid_argument("num_tasks", "a positive int or a non-empty "
+                             "mapping {job name: positive int}", num_tasks)
+    for name, count in num_tasks.items():
+      check_positive_int(f"num_tasks[{name!r}]", count)
+    return dict(num_tasks)
+  check_positive_int("num_tasks", num_tasks)
+  return {job: num_tasks}
 
 
 def _accepts(port: int) -> bool:
@@ -31,42 +47,58 @@ def _accepts(port: int) -> bool:
 
 
 class LoopbackServers:
-  """Starts `num_tasks` server processes; a context manager that stops them.
+  """Starts server processes on loopback; a context manager that stops them.
+
+  `num_tasks` is a task count for one job (`job`, "worker" by default) or a
+  mapping {job: task count}, e.g. {"worker": 2, "ps": 1} for
+  ParameterServerStrategy (whose coordinator, the client, joins as
+  "chief"). Tasks are ordered job by job as given.
 
   >>> # with LoopbackServers(2) as servers:
   >>> #   session target: servers.target; devices: servers.device_names
+  >>> # with LoopbackServers({"worker": 2, "ps": 1}) as servers:
+  >>> #   tf.train.ClusterSpec(servers.spec)
   """
 
-  def __init__(self, num_tasks: int, *, job: str = "worker",
-               start_timeout: float = 120.0, log_dir: str | None = None):
-    check_positive_int("num_tasks", num_tasks)
-    self.job = job
-    self.ports = free_ports(num_tasks)
-    spec = {job: [f"localhost:{p}" for p in self.ports]}
+  def __init__(self, num_tasks: int | Mapping[str, int], *,
+               job: str = "worker", start_timeout: float = 120.0,
+               log_dir: str | None = None):
+    counts = _task_counts(num_tasks, job)
+    self.job = next(iter(counts))
+    self.tasks = [(name, i) for name, count in counts.items()
+                  for i in range(count)]
+    self.ports = free_ports(len(self.tasks))
+    spec: dict[str, list[str]] = {name: [] for name in counts}
+    for (name, _), port in zip(self.tasks, self.ports):
+      spec[name].append(f"localhost:{port}")
+    self.spec = spec
     env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")
     self._procs = []
     self._logs = []
     try:
-      for i in range(num_tasks):
-        log = (open(os.path.join(log_dir, f"{job}{i}.log"), "wb")
+      for name, i in self.tasks:
+        log = (open(os.path.join(log_dir, f"{name}{i}.log"), "wb")
                if log_dir else subprocess.DEVNULL)
         self._logs.append(log)
         self._procs.append(subprocess.Popen(
             [sys.executable, "-m", "tfopt.runtime.server",
-             f"--cluster={json.dumps(spec)}", f"--job={job}", f"--task={i}"],
+             f"--cluster={json.dumps(spec)}", f"--job={name}", f"--task={i}",
+             f"--parent={os.getpid()}"],
             stdout=log, stderr=subprocess.STDOUT, env=env))
       deadline = time.monotonic() + start_timeout
-      waiting = list(range(num_tasks))
+      waiting = list(range(len(self.tasks)))
       while waiting:
-        for i in list(waiting):
-          if self._procs[i].poll() is not None:
-            raise RuntimeError(f"Server task {i} exited with code "
-                               f"{self._procs[i].returncode} at start-up "
-                               f"(port {self.ports[i]}).")
-          if _accepts(self.ports[i]):
-            waiting.remove(i)
+        for k in list(waiting):
+          if self._procs[k].poll() is not None:
+            name, i = self.tasks[k]
+            raise RuntimeError(f"Server task {name}:{i} exited with code "
+                               f"{self._procs[k].returncode} at start-up "
+                               f"(port {self.ports[k]}).")
+          if _accepts(self.ports[k]):
+            waiting.remove(k)
         if waiting and time.monotonic() > deadline:
-          raise TimeoutError(f"Server tasks {waiting} did not listen within "
+          late = [f"{self.tasks[k][0]}:{self.tasks[k][1]}" for k in waiting]
+          raise TimeoutError(f"Server tasks {late} did not listen within "
                              f"{start_timeout} s.")
         time.sleep(0.1)
     except BaseException:
@@ -75,18 +107,24 @@ class LoopbackServers:
 
   @property
   def target(self) -> str:
-    """The session target: task 0's gRPC address."""
+    """The session target: the first task's gRPC address."""
     return f"grpc://localhost:{self.ports[0]}"
 
   @property
+  def pids(self) -> list[int]:
+    """Each task's process id, in task order (empty once closed). The
+    servers exit by themselves when this process dies."""
+    return [proc.pid for proc in self._procs]
+
+  @property
   def device_names(self) -> list[str]:
-    return [f"/job:{self.job}/task:{i}/device:CPU:0"
-            for i in range(len(self.ports))]
+    """Each task's CPU device, in task order."""
+    return [f"/job:{name}/task:{i}/device:CPU:0" for name, i in self.tasks]
 
   def cluster(self, memory_bytes: int | None = None, *,
               comm: CommModel | None = None) -> Cluster:
     """The tasks as a tfopt Cluster (one CPU device each)."""
-    return Cluster.uniform(len(self.ports), memory_bytes, device_type="CPU",
+    return Cluster.uniform(len(self.tasks), memory_bytes, device_type="CPU",
                            comm=comm, names=self.device_names)
 
   def close(self) -> None:

@@ -2,7 +2,9 @@
 
     python -m tfopt.runtime.server --cluster='{"worker": [...]}' --task=1
 
-Starts `tf.distribute.Server` for job "worker" and serves until killed.
+Starts `tf.distribute.Server` for job `--job` and serves until killed, or
+until the process given as `--parent` is gone (TensorFlow cannot stop a
+server; a client that crashes must not leave its servers running).
 """
 
 from __future__ import annotations
@@ -11,6 +13,18 @@ import argparse
 import json
 import os
 import sys
+import threading
+import time
+
+
+def _exit_with(parent: int, poll_s: float = 1.0) -> None:
+  """Ends this process once `parent` is no longer its parent (it died and
+  the process was re-parented)."""
+  def watch():
+    while os.getppid() == parent:
+      time.sleep(poll_s)
+    os._exit(0)  # pylint: disable=protected-access
+  threading.Thread(target=watch, daemon=True, name="parent-watch").start()
 
 
 def main(argv=None) -> int:
@@ -20,7 +34,11 @@ def main(argv=None) -> int:
   parser.add_argument("--job", default="worker")
   parser.add_argument("--task", type=int, required=True)
   parser.add_argument("--inter_op_threads", type=int, default=0)
+  parser.add_argument("--parent", type=int, default=None,
+                      help="exit when this pid is no longer the parent")
   args = parser.parse_args(argv)
+  if args.parent is not None:
+    _exit_with(args.parent)
   os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
   spec = tf.train.ClusterSpec(json.loads(args.cluster))
