@@ -44,7 +44,8 @@ def test_converges_to_the_known_optimum_on_a_ps_cluster():
     # (only inside the full suite; 0 of 30 alone, under load). Not
     # diagnosed: run once more and leave the stacks in the warnings summary.
     warnings.warn(f"ps_cluster.py died of signal {-done.returncode}; "
-                  f"retried once. {_crash_report(done)}")
+                  f"retried once. {_crash_report(done)}",
+                  RuntimeWarning)  # pytest.ini ignores UserWarning
     done = _run_cluster()
   assert done.returncode == 0, _crash_report(done)
   out = json.loads(done.stdout.strip().splitlines()[-1])
