@@ -40,7 +40,7 @@ def test_converges_to_the_known_optimum_on_a_ps_cluster():
   done = _run_cluster()
   if done.returncode < 0:
     # Killed by a signal: the coordinator process died of SIGSEGV inside
-    # TensorFlow's native runtime in 2 of 5 full-suite runs (CI, 1 here),
+    # TensorFlow's native runtime in 2 of 7 full-suite runs (CI, 1 of 6 here),
     # never in about 50 runs of the script alone, some under load. Not
     # diagnosed: run once more and leave the stacks in the warnings summary.
     warnings.warn(f"ps_cluster.py died of signal {-done.returncode}; "
