@@ -17,6 +17,7 @@ from tfopt.passes import PassContext, PassError, PassManager, apply_placement
 from tfopt.runtime import (LoopbackServers, actual_devices, calibrate,
                            compare_runs, compile_step, local_cluster,
                            run_steps, session_config, verify_devices)
+from tfopt.scale.launch import _proc_state
 
 
 @pytest.fixture(scope="module")
@@ -131,17 +132,8 @@ def test_servers_exit_when_their_client_dies(tmp_path):
   assert len(pids) == 2
 
   def alive(pid):
-    try:
-      os.kill(pid, 0)
-    except ProcessLookupError:
-      return False
-    # An exited child of a dead client is re-parented and reaped; a zombie
-    # still answers kill(0), so read its state.
-    try:
-      with open(f"/proc/{pid}/stat", encoding="ascii") as stat:
-        return stat.read().split(")")[-1].split()[0] != "Z"
-    except FileNotFoundError:
-      return False
+    # A zombie (exited, not yet reaped by its new parent) counts as gone.
+    return _proc_state(pid) not in (None, "Z")
 
   deadline = time.monotonic() + 60
   while any(alive(p) for p in pids) and time.monotonic() < deadline:

@@ -4,17 +4,18 @@ cluster (2 worker and 1 parameter-server processes started by
 chief) and prints the outcome as JSON. Run in a fresh process by
 test_ps.py.
 
-The servers are separate processes, as in a real deployment: with all
-servers in this process they shared its thread pools (deadlocks with the
-default 2 inter-op threads in CI) and the process once died of SIGSEGV in
-CI with no Python frame to show where."""
+The servers are separate processes, as in a real deployment (in this
+process they shared its thread pools: deadlocks with the default 2 inter-op
+threads in CI). This process itself still dies of SIGSEGV now and then
+inside the full suite (not diagnosed; test_ps.py retries once and shows the
+stacks)."""
 
 import json
 import os
 import sys
 
 
-def main() -> int:
+def main() -> None:
   import numpy as np  # pylint: disable=import-outside-toplevel
   import tfopt  # noqa: F401  pylint: disable=import-outside-toplevel,unused-import
   import tensorflow as tf  # pylint: disable=import-outside-toplevel
@@ -55,4 +56,4 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-  sys.exit(main())
+  main()

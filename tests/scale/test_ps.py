@@ -1,8 +1,7 @@
 """ParameterServerTrainer on a loopback cluster (2 worker and 1 parameter
-server processes, this test's child process the chief;
-tests/scale/ps_cluster.py): linear
-regression converges to the known optimum, every scheduled step runs and
-returns its loss, the variables live on the PS."""
+server processes; tests/scale/ps_cluster.py, run as a child process, is the
+chief): linear regression converges to the known optimum, every scheduled
+step runs and returns its loss, the variables live on the PS."""
 
 import json
 import os
