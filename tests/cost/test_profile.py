@@ -47,24 +47,26 @@ def _layer(op_name: str) -> str:
   return next(layer for layer in _MACS if f"/{layer}_1/" in op_name)
 
 
-def _follows_flops(costs, by_layer) -> bool:
-  """Whether the MatMuls' times in one profile follow their MAC counts."""
+def _flops_mismatch(costs, by_layer) -> str:
+  """How the MatMuls' times in one profile miss their MAC counts; '' if not."""
   # The five big MatMuls (134M and 268M MACs) run at one speed: time per
   # MAC within a factor 3 of each other. Measured here: within 15 %; next
   # to two CPU burners, over 2 in half the profiles and 4.7 in one of
   # eight. Times given to the wrong MatMul put a 134M one at the 268M ones'
   # time: a factor 4.
   big = by_layer["dense_0"] + by_layer["dense_1"]
+  times = {m: round(costs[m].compute_us) for m in big + by_layer["logits"]}
   per_mac = [costs[m].compute_us / _MACS[_layer(m)] for m in big]
   if not max(per_mac) / min(per_mac) < 3:
-    return False
+    return f"time per MAC {max(per_mac) / min(per_mac):.1f}x apart: {times}"
   # The logits' MatMuls do 50-100x fewer MACs: each is faster than any big
   # one by a wide margin (measured: 17-20x; next to burners, 3.6x at worst).
   slowest_small = max(costs[m].compute_us for m in by_layer["logits"])
   if not slowest_small * 3 < min(costs[m].compute_us for m in big):
-    return False
-  # The MatMuls are most of this step, as the arithmetic says.
-  return sum(costs[m].compute_us for m in big) > 0.5 * costs.total_compute_us()
+    return f"logits' MatMuls not 3x faster than the big ones: {times}"
+  # (Their share of the step is not checked: it moved from 47 % to 65 %
+  # between processes here, with the Adam updates' elementwise ops.)
+  return ""
 
 
 def test_matmul_times_follow_their_flops(step_and_batch):
@@ -76,9 +78,14 @@ def test_matmul_times_follow_their_flops(step_and_batch):
       "dense_0": 2, "dense_1": 3, "logits": 3}
   # Load can skew one profile; one of three must follow the arithmetic.
   # Swapped, unit-mixed or random times follow it in none.
-  assert any(_follows_flops(profile_step(step, inputs=batch, steps=15,
-                                         warmup=2), by_layer)
-             for _ in range(3))
+  misses = []
+  for _ in range(3):
+    miss = _flops_mismatch(
+        profile_step(step, inputs=batch, steps=15, warmup=2), by_layer)
+    if not miss:
+      return
+    misses.append(miss)
+  pytest.fail("No profile follows the MACs:\n" + "\n".join(misses))
 
 
 def _agree(first, second) -> bool:
