@@ -98,7 +98,7 @@ def _agree(first, second) -> bool:
     return False
   # What placement uses is the profile's shape: the heavy ops' shares of the
   # step and their order. Heavy: the first profile's five slowest ops (here
-  # the five big MatMuls, 8-17 % each; an op-share line such as 2 % let
+  # the five big MatMuls, 5-17 % each; an op-share line such as 2 % let
   # elementwise ops come and go under load).
   heavy = sorted(first, key=lambda n: first[n].compute_us)[-5:]
   share = lambda costs, n: costs[n].compute_us / costs.total_compute_us()
