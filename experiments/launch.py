@@ -26,7 +26,7 @@ import sys
 from absl import app, flags
 
 from experiments._config import apply_config, define_config_flag
-from tfopt.scale.launch import DEFAULTS, run_and_report
+from tfopt.scale.launch import CLI_KNOBS, DEFAULTS, run_and_report
 
 FLAGS = flags.FLAGS
 define_config_flag()
@@ -61,13 +61,8 @@ def main(argv):
     raise app.UsageError(f"--workers must be a positive integer. Received: "
                          f"{FLAGS.workers}")
   return run_and_report(command, FLAGS.workers, run_dir=FLAGS.run_dir,
-                        max_restarts=FLAGS.max_restarts,
-                        backoff_s=FLAGS.backoff_s,
-                        heartbeat_timeout_s=FLAGS.heartbeat_timeout_s,
-                        stuck_factor=FLAGS.stuck_factor,
-                        min_stuck_s=FLAGS.min_stuck_s,
-                        startup_timeout_s=FLAGS.startup_timeout_s,
-                        faults=FLAGS.inject)
+                        faults=FLAGS.inject,
+                        **{name: getattr(FLAGS, name) for name in CLI_KNOBS})
 
 
 if __name__ == "__main__":

@@ -9,6 +9,8 @@ from __future__ import annotations
 import dataclasses
 from typing import Mapping, Union
 
+import numpy as np
+
 from tfopt._errors import check_positive_int
 from tfopt.cost.comm import CommModel
 from tfopt.cost.cost_model import CostModel, OpCost, op_costs
@@ -169,7 +171,6 @@ def live_memory_bound(graph: OpGraph, costs: Costs) -> LiveMemoryBound:
   for e in graph.edges:
     if not e.is_control:
       readers.setdefault((e.src, e.src_output), []).append(e)
-  import numpy as np  # pylint: disable=g-import-not-at-top
   live = np.zeros(n, dtype=np.float64)
   nbytes_per_row = (n + 7) // 8
   for (src, port), edges in readers.items():

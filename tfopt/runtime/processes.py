@@ -64,7 +64,6 @@ class LoopbackServers:
                job: str = "worker", start_timeout: float = 120.0,
                log_dir: str | None = None):
     counts = _task_counts(num_tasks, job)
-    self.job = next(iter(counts))
     self.tasks = [(name, i) for name, count in counts.items()
                   for i in range(count)]
     self.ports = free_ports(len(self.tasks))

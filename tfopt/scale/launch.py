@@ -558,6 +558,10 @@ class Launcher:
 DEFAULTS = {name: p.default for name, p in inspect.signature(
     Launcher.__init__).parameters.items()
             if p.default is not inspect.Parameter.empty}
+# The knobs both command lines (this module's and experiments/launch.py)
+# expose as flags of the same names.
+CLI_KNOBS = ("max_restarts", "backoff_s", "heartbeat_timeout_s",
+             "stuck_factor", "min_stuck_s", "startup_timeout_s")
 
 
 def _in_main_thread() -> bool:
@@ -592,12 +596,10 @@ def main(argv=None) -> int:
       description="Run a training script on N loopback workers with "
                   "heartbeats and restarts: ... -- script.py [args]")
   parser.add_argument("--workers", type=int, required=True)
-  parser.add_argument("--max_restarts", type=int,
-                      default=DEFAULTS["max_restarts"])
   parser.add_argument("--run_dir", default=None)
-  for name in ("backoff_s", "heartbeat_timeout_s", "stuck_factor",
-               "min_stuck_s", "startup_timeout_s"):
-    parser.add_argument(f"--{name}", type=float, default=DEFAULTS[name])
+  for name in CLI_KNOBS:
+    parser.add_argument(f"--{name}", type=type(DEFAULTS[name]),
+                        default=DEFAULTS[name])
   parser.add_argument("--ports", default=None,
                       help="comma-separated ports for the first attempt")
   parser.add_argument("--inject", action="append", default=[],
@@ -608,12 +610,9 @@ def main(argv=None) -> int:
     parser.error("give the training command after --, e.g. "
                  "-- train.py --epochs=3")
   return run_and_report(
-      command, args.workers, run_dir=args.run_dir,
-      max_restarts=args.max_restarts, backoff_s=args.backoff_s,
-      heartbeat_timeout_s=args.heartbeat_timeout_s,
-      stuck_factor=args.stuck_factor, min_stuck_s=args.min_stuck_s,
-      startup_timeout_s=args.startup_timeout_s, faults=args.inject,
-      ports=(args.ports.split(",") if args.ports else None))
+      command, args.workers, run_dir=args.run_dir, faults=args.inject,
+      ports=(args.ports.split(",") if args.ports else None),
+      **{name: getattr(args, name) for name in CLI_KNOBS})
 
 
 def run_and_report(command, workers: int, **kwargs) -> int:
