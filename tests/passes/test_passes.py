@@ -172,6 +172,66 @@ def test_prune_identity_and_fold_on_a_hand_graph():
                                                                feed).tolist()
 
 
+def test_identity_n_is_split_so_each_gradient_travels_alone(mlp):
+  # Keras' optimizer gathers every gradient in one IdentityN: after the
+  # pass no op reads all of them, each update reads its gradient directly,
+  # and the step computes the same (run before and after).
+  step, inputs = mlp
+  assert op_counts(step.graph_def)["IdentityN"] == 1
+  ctx = PassContext.for_step(step)
+  result = PassManager("identity", verify=run_and_compare(step, inputs)).run(
+      step.graph_def, ctx)
+  assert op_counts(result.graph)["IdentityN"] == 0
+  ids = next(n for n in step.graph_def.node if n.op == "IdentityN")
+  readers = [n for n in result.graph.node
+             if any(i.startswith(ids.name) for i in n.input)]
+  assert not readers
+  assert result.reports[0].verified
+
+
+def test_identity_n_control_inputs_move_to_its_producers():
+  graph = tf.Graph()
+  with graph.as_default():
+    a = tf.constant(1.0, name="a")
+    b = tf.constant(2.0, name="b")
+    ids = tf.identity_n([a, b], name="ids")
+    c = tf.constant(3.0, name="c")
+    with tf.control_dependencies([ids[0].op]):
+      tf.add(c, 1.0, name="after")
+    tf.add(ids[0], ids[1], name="out")
+  out = remove_identities(graph.as_graph_def(),
+                          PassContext(keep=("out", "after")))
+  nodes = {n.name: n for n in out.graph.node}
+  assert "ids" not in nodes
+  assert list(nodes["out"].input) == ["a", "b"]
+  # The control dependency sits on the add's constant operand.
+  assert sorted(nodes["after/y"].input) == ["^a", "^b"]
+
+
+def test_fold_keeps_large_splats_as_fill():
+  # zeros of a 2 MB shape: Grappler folds them into a 2 MB Const (memory
+  # held all run); the pass writes it back as Fill (made when used).
+  graph = tf.Graph()
+  with graph.as_default():
+    x = tf.compat.v1.placeholder(tf.float32, [512, 1024], name="x")
+    tf.add(x, tf.zeros([512, 1024]), name="out")
+    tf.add(x, tf.constant(np.arange(4.0, dtype=np.float32).reshape(1, 4)[
+        :, :1] * 0 + 1.0), name="small")
+  ctx = PassContext(keep=("x", "out", "small"))
+  folded = fold_constants(graph.as_graph_def(), ctx)
+  big = [n for n in folded.graph.node if n.op == "Const" and
+         sum(1 for _ in n.attr["value"].tensor.tensor_shape.dim) == 2 and
+         n.attr["value"].tensor.tensor_shape.dim[0].size == 512]
+  assert not big
+  assert "large splat constants kept as Fill" in folded.note
+  feed = np.ones((512, 1024), np.float32)
+  g2 = tf.Graph()
+  with g2.as_default():
+    tf.graph_util.import_graph_def(folded.graph, name="")
+  with tf.compat.v1.Session(graph=g2) as sess:
+    np.testing.assert_array_equal(sess.run("out:0", {"x:0": feed}), feed)
+
+
 def test_prune_needs_to_know_what_to_keep():
   with pytest.raises(ValueError, match="ctx.keep"):
     prune(_hand_graph(), PassContext())

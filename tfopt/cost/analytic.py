@@ -13,6 +13,7 @@ import re
 
 from tfopt._errors import invalid_argument
 from tfopt.cost.cost_model import CostModel, OpCost
+from tfopt.graph import aliasing
 from tfopt.graph.opgraph import OpGraph
 
 
@@ -129,6 +130,9 @@ def estimate_op(graph: OpGraph, name: str, device: DeviceSpec = CPU) -> OpCost:
   """The roofline estimate of one op, flagged profiled=False."""
   op = graph[name]
   persistent = int(op.attrs.get("variable_bytes", 0))
+  if op.type in aliasing.PERSISTENT_VIEW_OPS and op.type != "ReadVariableOp":
+    # A constant's kernel holds its value for as long as the graph lives.
+    persistent += sum(op.output_bytes)
   if op.type in _FREE_OPS:
     return OpCost(0.0, 0, persistent, profiled=False)
   # 1 GFLOP/s = 1e3 FLOP/us; 1 GB/s = 1e3 B/us.

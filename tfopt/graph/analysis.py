@@ -14,6 +14,7 @@ import numpy as np
 from tfopt._errors import check_positive_int
 from tfopt.cost.comm import CommModel
 from tfopt.cost.cost_model import CostModel, OpCost, op_costs
+from tfopt.graph import aliasing
 from tfopt.graph.opgraph import OpGraph, topological_order
 
 Costs = Union[CostModel, Mapping[str, float], Mapping[str, OpCost]]
@@ -164,17 +165,21 @@ def live_memory_bound(graph: OpGraph, costs: Costs) -> LiveMemoryBound:
     for e in graph.out_edges(order[i]):
       j = index[e.dst]
       desc[i] |= desc[j] | (1 << j)
-  # Each tensor (producer, port): the ops during whose run it is live.
-  # Its bytes: the smaller of the output and its copies (either may be the
-  # one alive at a given moment).
+  # Each buffer (its producer, port): the ops during whose run it is live.
+  # A view shares its input's buffer, so the buffer's readers are those of
+  # every view of it; a variable read or a constant is persistent memory
+  # (tfopt.graph.aliasing). Its bytes: the smaller of the output and its
+  # copies (either may be the one alive at a given moment).
+  root = _buffer_roots(graph, order)
   readers: dict[tuple[str, int], list] = {}
   for e in graph.edges:
-    if not e.is_control:
-      readers.setdefault((e.src, e.src_output), []).append(e)
+    if not e.is_control and root.get((e.src, e.src_output)) is not None:
+      readers.setdefault(root[(e.src, e.src_output)], []).append(e)
   live = np.zeros(n, dtype=np.float64)
   nbytes_per_row = (n + 7) // 8
   for (src, port), edges in readers.items():
-    size = min([graph[src].output_bytes[port]] + [e.bytes for e in edges]) \
+    size = min([graph[src].output_bytes[port]] +
+               [e.bytes for e in edges if e.src == src]) \
         if port < len(graph[src].output_bytes) else 0
     if size <= 0:
       continue
@@ -195,7 +200,7 @@ def live_memory_bound(graph: OpGraph, costs: Costs) -> LiveMemoryBound:
     c = table[name]
     if c.compute_us <= 0:
       continue  # an instantaneous op: no moment strictly inside its run
-    own = sum(graph[name].output_bytes)
+    own = _own_allocation(graph, name, root, readers, desc[i], index)
     tensors = int(live[i]) + own
     total = persistent + c.temp_bytes + tensors
     if total > best:
@@ -203,6 +208,49 @@ def live_memory_bound(graph: OpGraph, costs: Costs) -> LiveMemoryBound:
   if best_v is None:
     return LiveMemoryBound(persistent, None, persistent, 0, 0)
   return LiveMemoryBound(best, best_v, persistent, *best_parts)
+
+
+def _buffer_roots(graph: OpGraph, order) -> dict[tuple[str, int],
+                                               tuple[str, int] | None]:
+  """(op, port) -> the (op, port) that allocated its buffer, following
+  views to their input; None for persistent memory (variable reads,
+  constants) and views of it."""
+  root: dict[tuple[str, int], tuple[str, int] | None] = {}
+  for name in order:
+    op = graph[name]
+    inputs = sorted((e for e in graph.in_edges(name) if not e.is_control),
+                    key=lambda e: (e.dst_input is None, e.dst_input or 0))
+    for port in range(op.num_outputs):
+      source = aliasing.view_input(op, port)
+      if aliasing.is_persistent_view(op):
+        root[(name, port)] = None
+      elif source is not None and source < len(inputs):
+        e = inputs[source]
+        root[(name, port)] = root.get((e.src, e.src_output),
+                                      (e.src, e.src_output))
+      else:
+        root[(name, port)] = (name, port)
+  return root
+
+
+def _own_allocation(graph: OpGraph, name: str, root, readers, desc_bits: int,
+                    index) -> int:
+  """What op `name` must allocate for its outputs in every schedule: not a
+  view's, and not a forwarding op's output 0 where some same-sized input
+  buffer has no reader after it (in some order it is the last reader and
+  writes in place)."""
+  op = graph[name]
+  own = aliasing.allocated_output_bytes(op)
+  if not own or not aliasing.may_forward(op) or not op.output_bytes:
+    return own
+  for e in graph.in_edges(name):
+    r = None if e.is_control else root.get((e.src, e.src_output))
+    if r is None or graph[r[0]].type == "Placeholder" or \
+        graph[r[0]].output_bytes[r[1]] != op.output_bytes[0]:
+      continue
+    if not any(desc_bits >> index[x.dst] & 1 for x in readers.get(r, ())):
+      return own - op.output_bytes[0]
+  return own
 
 
 def graph_summary(graph: OpGraph, costs: CostModel,

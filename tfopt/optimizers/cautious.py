@@ -70,11 +70,19 @@ def decay_then_step(variable, step, weight_decay, learning_rate, cautious,
   memory: taking the sign from Adam's moment instead brought the cautious
   AdamW step from 2.3x Keras' time to parity on a 4-layer Transformer.
   """
-  decay = ops.multiply(ops.multiply(variable, weight_decay), learning_rate)
   mask = None
+  decayed = variable
   if cautious:
     mask = cautious_mask(step if direction is None else direction, variable)
-    decay = ops.where(mask, decay, ops.zeros_like(decay))
+    # Masked first, with a broadcast scalar zero: (where(mask, x, 0) * wd)
+    # * lr equals where(mask, x * wd * lr, 0) bit for bit, and every
+    # variable-sized tensor of the decay now depends on the update, so it
+    # is made just before it is used. (`x * wd * lr` and `zeros_like`
+    # depend on nothing: TensorFlow computes them at the start of the step
+    # and holds them, per variable, until the update.)
+    decayed = ops.where(mask, ops.convert_to_tensor(variable),
+                        ops.zeros((), dtype=variable.dtype))
+  decay = ops.multiply(ops.multiply(decayed, weight_decay), learning_rate)
   return ops.subtract(ops.subtract(variable, decay), step), mask
 
 

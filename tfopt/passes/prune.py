@@ -9,9 +9,10 @@ from tfopt.graph.capture import prune_graph_def
 from tfopt.passes.base import PassContext, PassResult, register_pass
 from tfopt.passes.graph_util import copy_graph, node_map, split_input
 
-# Identity-like ops that forward input 0 unchanged. Not IdentityN (several
-# outputs) and not ops whose device differs from their input's: such an
-# Identity is an explicit copy to another device.
+# Identity-like ops that forward input 0 unchanged (IdentityN, their
+# several-output form, is handled beside them). Not ops whose device
+# differs from their input's: such an Identity is an explicit copy to
+# another device.
 IDENTITY_OPS = ("Identity", "Snapshot", "StopGradient", "PreventGradient")
 
 
@@ -29,57 +30,71 @@ def prune(graph_def: graph_pb2.GraphDef, ctx: PassContext) -> PassResult:
                     f"{dead} dead nodes removed" if dead else "")
 
 
+def _ref_dtype(node) -> bool:
+  if "T" not in node.attr:
+    return False
+  types = list(node.attr["T"].list.type) or [node.attr["T"].type]
+  return any(t >= 100 for t in types)  # DT_*_REF
+
+
 @register_pass("identity")
 def remove_identities(graph_def: graph_pb2.GraphDef,
                       ctx: PassContext) -> PassResult:
   """Forwards consumers of Identity-like nodes to the nodes they copy.
 
+  IdentityN is split the same way: each consumer of its output k reads
+  its input k. (Keras' optimizers gather every gradient in one IdentityN;
+  left whole, it is one op that reads every gradient, so a placer must
+  bring all of them to one device.) A control input on an IdentityN
+  becomes a control input on each of the producers it forwarded.
+
   Kept: nodes in `ctx.keep`, identities with control inputs (they order
   something), identities of a reference, and identities on another device
-  than their input (a deliberate copy). StopGradient and PreventGradient
-  only matter while gradients are built; a captured step already holds its
-  gradients, so they forward their input like Identity.
+  than one of their inputs (a deliberate copy). StopGradient and
+  PreventGradient only matter while gradients are built; a captured step
+  already holds its gradients, so they forward their input like Identity.
   """
   keep = set(ctx.keep)
   nodes = node_map(graph_def)
-  forward: dict[str, str] = {}  # identity name -> the tensor it copies
+  # identity name -> the tensor each of its outputs copies
+  forward: dict[str, list[str]] = {}
   for node in graph_def.node:
-    if node.op not in IDENTITY_OPS or node.name in keep:
+    if node.name in keep or _ref_dtype(node):
       continue
-    if len(node.input) != 1 or node.input[0].startswith("^"):
+    if node.op in IDENTITY_OPS and len(node.input) != 1:
       continue
-    src, _, _ = split_input(node.input[0])
-    if src not in nodes or nodes[src].device != node.device:
+    if node.op not in IDENTITY_OPS and node.op != "IdentityN":
       continue
-    if "T" in node.attr and node.attr["T"].type >= 100:  # a ref dtype
+    if not node.input or any(t.startswith("^") for t in node.input):
       continue
-    forward[node.name] = node.input[0]
+    producers = [split_input(t)[0] for t in node.input]
+    if any(p not in nodes or nodes[p].device != node.device
+           for p in producers):
+      continue
+    forward[node.name] = list(node.input)
 
-  def resolve(text: str) -> str:
+  def resolve(text: str, seen=frozenset()) -> list[str]:
     name, port, control = split_input(text)
-    seen = set()
-    while name in forward and name not in seen:
-      seen.add(name)
-      if control:
-        name = split_input(forward[name])[0]
-      else:
-        if port != 0:
-          break
-        name, port, _ = split_input(forward[name])
+    if name not in forward or name in seen:
+      return [text]
+    seen = seen | {name}
     if control:
-      return "^" + name
-    return name if port == 0 else f"{name}:{port}"
+      return [c for t in forward[name]
+              for c in resolve("^" + split_input(t)[0], seen)]
+    if port >= len(forward[name]):
+      return [text]
+    return resolve(forward[name][port], seen)
 
   out = copy_graph(graph_def, set(forward))
   for node in out.node:
     new_inputs, seen_controls = [], set()
     for text in node.input:
-      text = resolve(text)
-      if text.startswith("^"):
-        if text in seen_controls:
-          continue
-        seen_controls.add(text)
-      new_inputs.append(text)
+      for text in resolve(text):
+        if text.startswith("^"):
+          if text in seen_controls:
+            continue
+          seen_controls.add(text)
+        new_inputs.append(text)
     # Data inputs first, control inputs last, as GraphDef requires; a control
     # input duplicating a data input's producer is redundant.
     data = [t for t in new_inputs if not t.startswith("^")]

@@ -28,6 +28,7 @@ from typing import Mapping
 
 from tfopt._errors import invalid_argument
 from tfopt.cost.cost_model import CostModel, OpCost
+from tfopt.graph import aliasing
 from tfopt.graph.opgraph import CONTROL, Edge, Op, OpGraph, topological_order
 from tfopt.placement.placement import Placement
 
@@ -72,7 +73,7 @@ def propose_groups(graph: OpGraph, costs, *,
   """
   times = {op.name: costs[op.name].compute_us for op in graph.ops}
   memory = {op.name: costs[op.name].persistent_bytes +
-            costs[op.name].temp_bytes + sum(op.output_bytes)
+            costs[op.name].temp_bytes + aliasing.allocated_output_bytes(op)
             for op in graph.ops}
   if max_group_us is None:
     max_group_us = 0.02 * sum(times.values())
@@ -205,7 +206,10 @@ def contract(graph: OpGraph, costs, group_of: Mapping[str, str],
       colocation = labels.get(colocation, colocation)
     device_types = next((graph[n].device_types for n in names
                          if graph[n].device_types), None)
-    outputs = tuple(ext_bytes[k] for k in external[g])
+    # What each external output allocates (a member's view or variable
+    # read allocates nothing); its edges keep the bytes a copy moves.
+    outputs = tuple(ext_bytes[(src, port)] if aliasing.allocates(
+        graph[src], port) else 0 for src, port in external[g])
     peak = _internal_peak(graph, costs, names, set(names))
     ops.append(Op(g, first.type if len(names) == 1 else "Coarse",
                   output_bytes=outputs, colocation=colocation,
@@ -251,10 +255,11 @@ def _internal_peak(graph, costs, names, inside) -> int:
   frees: dict[int, int] = {}
   for i, n in enumerate(names):
     op = graph[n]
-    level += sum(op.output_bytes) + costs[n].temp_bytes
+    level += aliasing.allocated_output_bytes(op) + costs[n].temp_bytes
     peak = max(peak, level)
     level -= costs[n].temp_bytes
-    for port, nbytes in enumerate(op.output_bytes):
+    for port in range(op.num_outputs):
+      nbytes = aliasing.allocated_bytes(op, port)
       key = (n, port)
       if key in escapes:
         continue

@@ -23,6 +23,7 @@ from typing import Mapping
 from tfopt._errors import invalid_argument
 from tfopt.cluster import Cluster
 from tfopt.cost.cost_model import OpCost, op_costs
+from tfopt.graph import aliasing
 from tfopt.graph.analysis import format_bytes
 from tfopt.graph.opgraph import OpGraph, topological_order
 
@@ -104,8 +105,10 @@ def make_problem(graph: OpGraph, cluster: Cluster, costs, *,
           "group", f"<group {gid!r}: {'; '.join(reasons)}; the cluster's "
           f"device types are {types}>")
     allowed[gid] = tuple(sorted(devices))
+  # Static accounting: every allocated output held all step (views and
+  # variable reads allocate nothing: tfopt.graph.aliasing).
   memory = {op.name: table[op.name].persistent_bytes +
-            table[op.name].temp_bytes + sum(op.output_bytes)
+            table[op.name].temp_bytes + aliasing.allocated_output_bytes(op)
             for op in graph.ops}
   group_memory = {gid: sum(memory[n] for n in names)
                   for gid, names in members.items()}

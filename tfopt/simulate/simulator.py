@@ -24,7 +24,13 @@ Memory model (liveness, training-aware):
     completed (an activation therefore stays live until its backward consumer
     ran); an output nobody consumes is freed when its op ends;
   * a received copy is charged to the receiver from the transfer's start until
-    its last consumer there has finished.
+    its last consumer there has finished;
+  * outputs that allocate nothing are not charged again, as TensorFlow's
+    runtime does (`tfopt.graph.aliasing`): a view (Identity, IdentityN,
+    Reshape, ...) shares its input's buffer and keeps it live until the
+    view's own readers finished; a variable read or a constant is the
+    persistent memory already charged; an element-wise op writes into a
+    same-sized input whose other readers all finished before it started.
   At equal times, frees are applied before allocations.
 """
 
@@ -37,6 +43,7 @@ from typing import TYPE_CHECKING, Mapping, Sequence
 from tfopt._errors import invalid_argument
 from tfopt.cluster import Cluster
 from tfopt.cost.cost_model import op_costs
+from tfopt.graph import aliasing
 from tfopt.graph.opgraph import OpGraph, topological_order
 
 if TYPE_CHECKING:
@@ -228,28 +235,8 @@ def simulate(graph: OpGraph, placement: Placement | Mapping[str, int], costs,
 def _peak_memory(graph, device, op_cost, start, end,
                  transfers: Sequence[Transfer], num_devices) -> tuple[int, ...]:
   """Liveness peak per device from a finished timeline (see module doc)."""
+  buffers = _Buffers(graph, device, start, end, transfers)
   deltas: list[list[tuple[float, int]]] = [[] for _ in range(num_devices)]
-  # Last use of each (op, port) on its own device and on each receiver.
-  last_local: dict[tuple[str, int], float] = {}
-  last_remote: dict[tuple[str, int, int], float] = {}
-  for e in graph.edges:
-    if e.is_control:
-      continue
-    d_src, d_dst = device[e.src], device[e.dst]
-    key = (e.src, e.src_output)
-    if d_src == d_dst:
-      last_local[key] = max(last_local.get(key, 0.0), end[e.dst])
-    else:
-      rkey = (e.src, e.src_output, d_dst)
-      last_remote[rkey] = max(last_remote.get(rkey, 0.0), end[e.dst])
-  sent_until: dict[tuple[str, int], float] = {}
-  for t in transfers:
-    key = (t.src_op, t.src_output)
-    sent_until[key] = max(sent_until.get(key, 0.0), t.end_us)
-    deltas[t.dst_device].append((t.start_us, t.bytes))
-    deltas[t.dst_device].append(
-        (max(t.end_us, last_remote[(t.src_op, t.src_output, t.dst_device)]),
-         -t.bytes))
   for op in graph.ops:
     name, d, c = op.name, device[op.name], op_cost[op.name]
     if c.persistent_bytes:
@@ -257,13 +244,9 @@ def _peak_memory(graph, device, op_cost, start, end,
     if c.temp_bytes:
       deltas[d].append((start[name], c.temp_bytes))
       deltas[d].append((end[name], -c.temp_bytes))
-    for port, nbytes in enumerate(op.output_bytes):
-      if nbytes:
-        key = (name, port)
-        free = max(end[name], last_local.get(key, 0.0),
-                   sent_until.get(key, 0.0))
-        deltas[d].append((start[name], nbytes))
-        deltas[d].append((free, -nbytes))
+  for buf in buffers.all():
+    deltas[buf.device].append((buf.alloc_us, buf.bytes))
+    deltas[buf.device].append((buf.free_us, -buf.bytes))
   peaks = []
   for events in deltas:
     # Frees (negative) before allocations at equal times.
@@ -274,3 +257,120 @@ def _peak_memory(graph, device, op_cost, start, end,
       peak = max(peak, level)
     peaks.append(peak)
   return tuple(peaks)
+
+
+@dataclasses.dataclass
+class _Buffer:
+  """Memory that one or more tensors share on one device."""
+  device: int
+  bytes: int
+  alloc_us: float
+  locations: list = dataclasses.field(default_factory=list)
+  free_us: float = 0.0
+  forwardable: bool = True
+
+
+class _Buffers:
+  """The buffers of a finished timeline: which tensor lives in which.
+
+  A *location* is a tensor on a device: ("out", op, port) on its producer's
+  device, ("copy", op, port, device) for a received copy. Each location
+  maps to a buffer, or to None where it is memory charged as persistent (a
+  variable read, a constant). Views share their input's buffer; a
+  forwarding op takes over a same-sized input buffer whose every other
+  reader finished before it started (see `tfopt.graph.aliasing`); fed
+  inputs are never taken over (the caller holds them). A buffer is freed
+  once every location in it has been read and sent for the last time.
+  """
+
+  def __init__(self, graph, device, start, end, transfers):
+    self.graph, self.device, self.start, self.end = graph, device, start, end
+    self.readers: dict[tuple, list[str]] = {}
+    for e in graph.edges:
+      if e.is_control:
+        continue
+      self.readers.setdefault(self._location(e.src, e.src_output, e.dst),
+                              []).append(e.dst)
+    self.sent_until: dict[tuple, float] = {}
+    self.of: dict[tuple, _Buffer | None] = {}
+    self._buffers: list[_Buffer] = []
+    for t in transfers:
+      loc = ("out", t.src_op, t.src_output)
+      self.sent_until[loc] = max(self.sent_until.get(loc, 0.0), t.end_us)
+      self._join(("copy", t.src_op, t.src_output, t.dst_device),
+                 self._new(t.dst_device, t.bytes, t.start_us))
+    topo = {name: i for i, name in enumerate(topological_order(graph))}
+    for name in sorted(start, key=lambda n: (start[n], topo[n])):
+      self._place_outputs(graph[name])
+    for buf in self._buffers:
+      buf.free_us = max(self._last_use(loc) for loc in buf.locations)
+
+  def all(self) -> list[_Buffer]:
+    return self._buffers
+
+  def _location(self, src: str, port: int, reader: str) -> tuple:
+    d = self.device[reader]
+    return (("out", src, port) if self.device[src] == d
+            else ("copy", src, port, d))
+
+  def _new(self, device: int, nbytes: int, at: float) -> _Buffer:
+    buf = _Buffer(device, nbytes, at)
+    self._buffers.append(buf)
+    return buf
+
+  def _join(self, loc: tuple, buf: _Buffer | None) -> None:
+    self.of[loc] = buf
+    if buf is not None:
+      buf.locations.append(loc)
+
+  def _last_use(self, loc: tuple, besides: str | None = None) -> float:
+    """When `loc` was read (by someone other than `besides`) or sent for
+    the last time; a producer's own output lives at least until it ends."""
+    times = [self.end[r] for r in self.readers.get(loc, ()) if r != besides]
+    times.append(self.sent_until.get(loc, 0.0))
+    if loc[0] == "out":
+      times.append(self.end[loc[1]])
+    return max(times)
+
+  def _data_inputs(self, op) -> list[tuple]:
+    edges = sorted((e for e in self.graph.in_edges(op.name)
+                    if not e.is_control),
+                   key=lambda e: (e.dst_input is None, e.dst_input or 0))
+    return [self._location(e.src, e.src_output, op.name) for e in edges]
+
+  def _forwardable(self, buf: _Buffer | None, nbytes: int, op,
+                   inputs: list[tuple]) -> bool:
+    if buf is None or not buf.forwardable or buf.bytes != nbytes or \
+        buf.device != self.device[op.name]:
+      return False
+    begin = self.start[op.name]
+    for loc in buf.locations:
+      if inputs.count(loc) > 1:  # read twice by the op: held twice
+        return False
+      if self._last_use(loc, besides=op.name) > begin:
+        return False
+    return True
+
+  def _place_outputs(self, op) -> None:
+    d = self.device[op.name]
+    inputs = None
+    for port, nbytes in enumerate(op.output_bytes):
+      loc = ("out", op.name, port)
+      if not nbytes or aliasing.is_persistent_view(op):
+        self.of[loc] = None
+        continue
+      if inputs is None:
+        inputs = self._data_inputs(op)
+      source = aliasing.view_input(op, port)
+      if source is not None and source < len(inputs):
+        self._join(loc, self.of.get(inputs[source]))
+        continue
+      if port == 0 and aliasing.may_forward(op):
+        taken = next((self.of.get(i) for i in inputs if self._forwardable(
+            self.of.get(i), nbytes, op, inputs)), None)
+        if taken is not None:
+          self._join(loc, taken)
+          continue
+      buf = self._new(d, nbytes, self.start[op.name])
+      buf.forwardable = op.type != "Placeholder"
+      self._join(loc, buf)
