@@ -4,6 +4,10 @@
   * one device (when the constraints allow it);
   * m-TOPO in both modes, and m-topo-live (m-TOPO over-subscribing its static
     budgets, each plan proven feasible by the simulator);
+  * m-stage: the training graph cut into contiguous layer stages (each
+    layer's forward ops, gradients, weights, slots and update together),
+    checked by the simulator's liveness peaks: what parameter-heavy models
+    need, where static accounting refuses every plan;
   * m-SCT (on graphs whose LP is cheap) and m-ETF, on all devices and, as
     "m-etf@k", on the first 2, 4, ... devices (greedy ETF spreads over every
     device it is given, which costs transfers);
@@ -39,6 +43,7 @@ from tfopt.placement import exact as exact_placer
 from tfopt.placement.coarsen import coarsen as coarsen_graph
 from tfopt.placement.m_etf import m_etf
 from tfopt.placement.m_sct import favourite_children, m_sct
+from tfopt.placement.m_stage import m_stage
 from tfopt.placement.m_topo import m_topo
 from tfopt.placement.placement import Placement
 from tfopt.placement.problem import (InfeasiblePlacement, PlacementProblem,
@@ -159,6 +164,7 @@ PLACERS: dict[str, Callable[[PlacementProblem], Placement]] = {
     "m-etf": _m_etf_feasibility_first,
     "m-sct": _m_sct_feasibility_first,
     "m-topo-live": _m_topo_live,
+    "m-stage": m_stage,
 }
 
 
@@ -174,7 +180,8 @@ def _auto_names(problem: PlacementProblem) -> tuple[str, ...]:
       subsets.append(f"m-etf@{k}")
     k *= 2
   sct = ("m-sct",) if len(problem.graph.edges) <= SCT_IN_AUTO_MAX_EDGES else ()
-  live = ("m-topo-live",) if len(problem.graph) <= LIVE_IN_AUTO_MAX_OPS else ()
+  live = (("m-topo-live", "m-stage")
+          if len(problem.graph) <= LIVE_IN_AUTO_MAX_OPS else ())
   return AUTO + sct + live + tuple(subsets)
 
 
@@ -276,8 +283,9 @@ def place(graph: OpGraph, cluster: Cluster, costs, placer: str = "auto", *,
     candidates += _coarse_attempts(problem, names, pins, headroom)
   if placer == "auto" and not any(c.feasible for c in candidates) and \
       "m-topo-live" not in names:
-    # Large graph, nothing fits statically: the liveness-checked repair.
+    # Large graph, nothing fits statically: the liveness-checked repairs.
     candidates.append(_attempt(problem, "m-topo-live"))
+    candidates.append(_attempt(problem, "m-stage"))
   if placer == "auto":
     feasible_so_far = [c for c in candidates if c.feasible]
     best_so_far = min(feasible_so_far, key=lambda c: c.makespan_us,
