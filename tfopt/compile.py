@@ -18,6 +18,16 @@ a `tf.function` on the model's own variables (each captured variable
 handle is mapped to the Keras variable's handle on import). Profiling
 (placement only) happens once per model and signature.
 
+With `placement`, the model's variables follow the plan: nothing is pinned
+by default, and once the placed step passed the check, each Keras variable
+(weights, optimizer slots, metric state) is moved onto the device the plan
+gave it (`tfopt.runtime.variables`; no copy stays behind), so a model whose
+state is several times one device's memory trains with an unchanged `fit`,
+and `evaluate`, `predict`, `save_weights` / `load_weights` and
+`Model.save` act on the placed variables. If placement or the check
+fails, nothing was moved. See `tfopt.compile_placement` for pins, the
+profiling of a step that does not fit one device, and the refusal.
+
 `jit_compile=True` with the hook means XLA where possible: every op of the
 rewritten step is marked for XLA with a scope per device
 (`tfopt.runtime.xla`), so XLA clusters never cross the placement; the
@@ -28,10 +38,12 @@ CPU devices" for some multi-device plans) or the numbers differ, the step
 runs unmarked and the report says why. TF's fused CPU ops have no XLA
 kernel, so with XLA on, fusion is left to XLA (the `fuse` pass is skipped).
 
-Keras' `evaluate`, `predict` and saving are untouched. What tfopt cannot
-honour is refused up front: another Keras backend, `steps_per_execution`
-other than 1, a distribution strategy, devices that do not exist, a
-variable living on a device outside `devices`. `jit_compile=True` with
+Keras' `evaluate` and `predict` are not rewritten (they run where the
+variables live). What tfopt cannot honour is refused up front: another
+Keras backend, `steps_per_execution` other than 1, a distribution
+strategy, devices that do not exist or tasks that do not answer, pins to
+devices not given, a variable outside Keras living on a device outside
+`devices`. `jit_compile=True` with
 fusion=False and no placement is Keras' own XLA step (no hook). Calling
 `model.compile` again removes the hook.
 """
@@ -62,6 +74,12 @@ class HookReport:
   devices_used: tuple[str, ...] = ()
   ops_verified: int = 0
   xla: str = ""  # what XLA did (jit_compile=True), or why it was not used
+  # Placement only: where the variables' bytes live (device -> bytes),
+  # where the costs came from, and how many of them were measured.
+  variable_bytes: dict = dataclasses.field(default_factory=dict)
+  costs_source: str = ""
+  profiled_ops: int = 0
+  costed_ops: int = 0
 
   def table(self) -> str:
     lines = [f"tfopt.compile: step for inputs {self.signature}",
@@ -72,6 +90,13 @@ class HookReport:
           f"placement {self.placer}: predicted {self.predicted_us / 1e3:.2f} "
           f"ms vs one device {self.single_device_us / 1e3:.2f} ms; peak MB "
           f"per device: {peaks}; devices used: {list(self.devices_used)}")
+      total = sum(self.variable_bytes.values()) or 1
+      shares = ", ".join(f"{d or '?'} {100 * b / total:.0f} %"
+                         for d, b in sorted(self.variable_bytes.items()))
+      lines.append(f"variables ({total / 1e6:.1f} MB) moved to the plan's "
+                   f"devices: {shares}")
+      lines.append(f"costs: {self.profiled_ops} of {self.costed_ops} ops "
+                   f"measured, the rest estimated; {self.costs_source}")
     where = (f"; {self.ops_verified} ops ran where planned"
              if self.placer is not None else " (one device)")
     lines.append(f"verified on the first batch: same loss and variable "
@@ -92,7 +117,9 @@ class _OptimizedTrainFunction:
 
   def __init__(self, model, *, fusion: bool, placement: str | None,
                devices: Sequence[str] | None, memory_per_device: int | None,
-               verbose: bool, xla: bool = False):
+               verbose: bool, xla: bool = False,
+               pins: dict[str, int] | None = None,
+               cluster: dict[str, list[str]] | None = None):
     self.model = model
     self.xla = xla
     self.fusion = fusion
@@ -100,8 +127,15 @@ class _OptimizedTrainFunction:
     self.devices = list(devices or [])
     self.memory_per_device = memory_per_device
     self.verbose = verbose
+    self.pins = dict(pins or {})
+    self.cluster_spec = cluster
+    # Set once the model's variables follow a plan: later input signatures
+    # keep them where they are.
+    self.variables_placed = False
     self.steps: dict[tuple, Any] = {}
     self.reports: dict[tuple, HookReport] = {}
+    # The rewritten (placed) GraphDef per input signature, for measuring it.
+    self.graph_defs: dict[tuple, Any] = {}
 
   def __call__(self, iterator):
     import keras  # pylint: disable=g-import-not-at-top
@@ -122,14 +156,51 @@ class _OptimizedTrainFunction:
 
   def _build(self, x, y, key):
     import tensorflow as tf  # pylint: disable=g-import-not-at-top
-    from tfopt.graph.capture import capture_train_step  # pylint: disable=g-import-not-at-top
-    from tfopt.passes import PassContext, PassManager  # pylint: disable=g-import-not-at-top
+    from tfopt.passes import PassContext  # pylint: disable=g-import-not-at-top
     from tfopt.runtime.placed import check_rewritten  # pylint: disable=g-import-not-at-top
     x_np = tf.nest.map_structure(np.asarray, x)
     y_np = tf.nest.map_structure(np.asarray, y)
+    step = self._capture(x_np, y_np)
+    inputs = [*tf.nest.flatten(x_np), *tf.nest.flatten(y_np)]
+    pipeline = self._pipeline()
+    ctx = PassContext.for_step(step)
+    if self.placement:
+      ctx.cluster = self._cluster()
+      ctx.placer = self.placement
+      ctx.pins = self._pins(step)
+      ctx.costs = self._costs(step, key, inputs, ctx)
+    result = self._run_pipeline(pipeline, step, ctx)
+    graph = result.graph
+    # The check: the rewritten step computes what the original computes, on
+    # copies of the variables (the model's own are not touched). atol 1e-5:
+    # Adam turns a gradient that is zero up to float noise (an attention
+    # key bias's) into a step whose sign is that noise; a rewrite that
+    # reorders float sums moves such variables by ~1e-6 (seen on this
+    # machine's oneDNN kernels for the zoo Transformer).
+    run, check = check_rewritten(step, [inputs], graph,
+                                 target=self._target(graph), atol=1e-5)
+    report = HookReport(key, pipeline, result.table(),
+                        ops_verified=check.checked)
+    if self.xla:
+      graph, report.xla = _with_xla(step, inputs, graph, run)
+    plan = ctx.results.get("placement")
+    # Before any move: the captured tf.Variables identify the Keras ones.
+    variables = self._variables_by_name(step)
+    if plan is not None:
+      self._report_plan(report, plan, graph, step, ctx.costs)
+      # Checked: the model's own variables now follow the plan.
+      self._move_variables(step, graph)
+    self.reports[key] = report
+    self.graph_defs[key] = graph
+    if self.verbose:
+      print(report.table())
+    return _imported_step(step, graph, variables)
+
+  def _capture(self, x_np, y_np):
+    from tfopt.graph.capture import capture_train_step  # pylint: disable=g-import-not-at-top
     scopes = _name_scope_stack()
     try:
-      step = capture_train_step(self.model, x=x_np, y=y_np)
+      return capture_train_step(self.model, x=x_np, y=y_np)
     except Exception as err:  # pylint: disable=broad-except
       _restore_name_scope_stack(scopes)
       raise RuntimeError(
@@ -138,35 +209,50 @@ class _OptimizedTrainFunction:
           f"graph: use a functional or Sequential model, or a subclassed one "
           f"whose train_step traces with autograph off; or train with plain "
           f"`model.compile`.") from err
-    inputs = [*tf.nest.flatten(x_np), *tf.nest.flatten(y_np)]
-    pipeline = self._pipeline()
-    ctx = PassContext.for_step(step)
-    if self.placement:
-      ctx.cluster = self._cluster()
-      ctx.placer = self.placement
-      ctx.costs = self._costs(step, key, inputs)
-      ctx.pins = self._variable_pins(step)
-    result = PassManager(pipeline).run(step.graph_def, ctx)
-    graph = result.graph
-    # The check: the rewritten step computes what the original computes, on
-    # copies of the variables (the model's own are not touched).
-    run, check = check_rewritten(step, [inputs], graph)
-    report = HookReport(key, pipeline, result.table(),
-                        ops_verified=check.checked)
-    if self.xla:
-      graph, report.xla = _with_xla(step, inputs, graph, run)
-    plan = ctx.results.get("placement")
-    if plan is not None:
-      report.placer = plan.placer
-      report.predicted_us = plan.makespan_us
-      report.single_device_us = plan.single_device_us
-      report.peak_bytes = tuple(plan.schedule.peak_bytes)
-      report.devices_used = tuple(sorted({n.device for n in graph.node
-                                          if n.device}))
-    self.reports[key] = report
-    if self.verbose:
-      print(report.table())
-    return _imported_step(step, graph)
+
+  def _run_pipeline(self, pipeline: str, step, ctx):
+    """The pass pipeline; a placement no device count given can hold is
+    refused with what the step needs and what would hold it."""
+    from tfopt.compile_placement import refusal  # pylint: disable=g-import-not-at-top
+    from tfopt.graph.capture import opgraph_from_graphdef  # pylint: disable=g-import-not-at-top
+    from tfopt.passes import PassError, PassManager  # pylint: disable=g-import-not-at-top
+    from tfopt.passes.place import step_costs  # pylint: disable=g-import-not-at-top
+    from tfopt.placement.problem import InfeasiblePlacement  # pylint: disable=g-import-not-at-top
+    try:
+      return PassManager(pipeline).run(step.graph_def, ctx)
+    except PassError as err:
+      cause = err.__cause__
+      if not isinstance(cause, InfeasiblePlacement):
+        raise
+      before = PassManager(pipeline.split(",coarsen")[0]).run(
+          step.graph_def, dataclasses.replace(ctx, results={}))
+      graph = opgraph_from_graphdef(before.graph, batch_size=ctx.batch_size,
+                                    inline=False)
+      why = refusal(graph, step_costs(graph, ctx), ctx.cluster)
+      refused = InfeasiblePlacement(why.message(self.model.name, str(cause)))
+      refused.refusal = why  # the numbers, and .message() without the rest
+      raise refused from err
+
+  def _target(self, graph_def) -> str:
+    """The session target for a graph placed on tasks of a cluster."""
+    from tfopt.runtime.remote import is_remote, session_target  # pylint: disable=g-import-not-at-top
+    remote = next((n.device for n in graph_def.node
+                   if n.device and is_remote(n.device)), None)
+    return "" if remote is None else session_target(self.cluster_spec, remote)
+
+  def _report_plan(self, report, plan, graph, step, costs) -> None:
+    from tfopt.compile_placement import placement_summary  # pylint: disable=g-import-not-at-top
+    report.placer = plan.placer
+    report.predicted_us = plan.makespan_us
+    report.single_device_us = plan.single_device_us
+    report.peak_bytes = tuple(plan.schedule.peak_bytes)
+    report.devices_used = tuple(sorted({n.device for n in graph.node
+                                        if n.device}))
+    summary = placement_summary(plan, graph, step.variables)
+    report.variable_bytes = summary["variable_bytes"]
+    report.costs_source = getattr(costs, "source", "")
+    report.profiled_ops = sum(1 for c in costs.values() if c.profiled)
+    report.costed_ops = len(costs)
 
   def _cluster(self):
     """The devices as a Cluster; each device's type from its string (a
@@ -178,29 +264,54 @@ class _OptimizedTrainFunction:
                    "CPU").upper(), self.memory_per_device)
         for d in self.devices))
 
-  def _costs(self, step, key, inputs):
-    """The step profiled once per model and input signature."""
+  def _pins(self, step) -> dict[str, int]:
+    """What the placer must keep (see tfopt.compile_placement): the user's
+    pins, variables tfopt cannot move, and variables already placed."""
+    from tfopt.compile_placement import resolve_pins, step_pins  # pylint: disable=g-import-not-at-top
+    user = resolve_pins(self.model, self.pins)
+    return step_pins(step, self.model, self.devices, user,
+                     keep_in_place=self.variables_placed)
+
+  def _costs(self, step, key, inputs, ctx):
+    """The step profiled once per model and input signature: on one device
+    when it fits one by the analytic estimate and the devices are this
+    process's; else under a first plan (analytic costs) on the devices."""
+    from tfopt.compile_placement import fits_one_device  # pylint: disable=g-import-not-at-top
     from tfopt.cost.profile import profile_step  # pylint: disable=g-import-not-at-top
+    from tfopt.passes import PassManager  # pylint: disable=g-import-not-at-top
+    from tfopt.runtime.remote import is_remote  # pylint: disable=g-import-not-at-top
     cache = _PROFILES.setdefault(self.model, {})
-    if key not in cache:
+    if key in cache:
+      return cache[key]
+    local = not any(is_remote(d) for d in self.devices)
+    if local and fits_one_device(step, self.memory_per_device):
       cache[key] = profile_step(step, inputs=inputs)
+      return cache[key]
+    first = dataclasses.replace(ctx, costs=None, results={})
+    plan = self._run_pipeline(self._pipeline(), step, first).graph
+    cache[key] = profile_step(step, inputs=inputs, graph_def=plan,
+                              target=self._target(plan))
     return cache[key]
 
-  def _variable_pins(self, step) -> dict[str, int]:
-    """Each variable stays where Keras created it: TensorFlow would move its
-    readers and updaters there whatever the plan says."""
-    from tfopt.runtime.session import same_device  # pylint: disable=g-import-not-at-top
-    pins = {}
-    for name, var in step.variables.items():
-      index = next((i for i, d in enumerate(self.devices)
-                    if var.device and same_device(d, var.device)), None)
-      if index is None:
-        raise invalid_argument(
-            "devices", f"a list including the device of every variable "
-            f"({name!r} lives on {var.device or 'an unknown device'})",
-            self.devices)
-      pins[name] = index
-    return pins
+  def _move_variables(self, step, graph) -> None:
+    """The model's Keras variables onto the devices the plan gave them;
+    Keras' own functions are rebuilt on them at their next call."""
+    from tfopt.compile_placement import keras_assignment  # pylint: disable=g-import-not-at-top
+    from tfopt.runtime.variables import move_variables  # pylint: disable=g-import-not-at-top
+    move_variables(keras_assignment(step, self.model, graph),
+                   optimizer=self.model.optimizer)
+    self.variables_placed = True
+    for name in ("predict_function", "test_function"):
+      if getattr(self.model, name, None) is not None:
+        setattr(self.model, name, None)
+
+  def _variables_by_name(self, step) -> dict[str, Any]:
+    """VarHandleOp name -> the Keras variable (whose tf.Variable may have
+    moved) or, for variables outside Keras, the tf.Variable itself."""
+    from tfopt.runtime.variables import keras_variables  # pylint: disable=g-import-not-at-top
+    keras_of = {id(v.value): v for v in keras_variables(self.model)}
+    return {name: keras_of.get(id(var), var)
+            for name, var in step.variables.items()}
 
 
 def _with_xla(step, inputs, graph, unmarked_run):
@@ -245,22 +356,34 @@ def _restore_name_scope_stack(saved) -> None:
   global_state.set_global_attribute("name_scope_stack", saved)
 
 
-def _imported_step(step, graph_def):
-  """A tf.function running `graph_def` on the step's real variables."""
+def _imported_step(step, graph_def, variables):
+  """A tf.function running `graph_def` on the model's own variables:
+  `variables` maps each captured variable's node to the Keras variable
+  (its current tf.Variable's handle is read when the function is traced)
+  or a tf.Variable. The step itself is not kept (its tf.Variables would
+  keep a copy of moved weights alive)."""
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
   outputs = list(step.output_names)
   targets = list(step.target_names)
-  structure = step.output_structure
-  variables = dict(step.variables)
+  input_names = list(step.input_names)
+  # The logs' structure only: the traced tensors would keep the captured
+  # function's graph (and its captures) alive.
+  structure = tf.nest.map_structure(lambda _: 0, step.output_structure)
+  variables = dict(variables)
+
+  import keras  # pylint: disable=g-import-not-at-top
+
+  def handle(var):
+    return var.value.handle if isinstance(var, keras.Variable) else var.handle
 
   @tf.function(autograph=False)
   def run(x, y):
     graph = tf.compat.v1.get_default_graph()
     feeds = tf.nest.flatten((x, y))
     input_map = {f"{name}:0": tensor
-                 for name, tensor in zip(step.input_names, feeds)}
+                 for name, tensor in zip(input_names, feeds)}
     # Each captured variable's handle node reads the Keras variable itself.
-    input_map.update({f"{name}:0": graph.capture(var.handle)
+    input_map.update({f"{name}:0": graph.capture(handle(var))
                       for name, var in variables.items()})
     results = tf.graph_util.import_graph_def(
         graph_def, input_map=input_map, return_elements=outputs + targets,
@@ -276,6 +399,7 @@ def compile(model, *, fusion: bool = True,  # pylint: disable=redefined-builtin
             placement: str | None = None,
             devices: Sequence[str] | None = None,
             memory_per_device: int | None = None, verbose: bool = True,
+            pins: dict | None = None, cluster: Any = None,
             **compile_kwargs):
   """Compiles `model` with Keras and installs tfopt's optimized train step.
 
@@ -286,9 +410,19 @@ def compile(model, *, fusion: bool = True,  # pylint: disable=redefined-builtin
     placement: None (one device), "auto" or a placer name
       (`tfopt.placement.PLACERS`, "exact").
     devices: TF device strings to place on (required with `placement`); they
-      must exist (logical CPUs: `tf.config.set_logical_device_configuration`
-      before TensorFlow starts).
-    memory_per_device: cap in bytes per device (None: unlimited).
+      must exist: logical CPUs (`tf.config.set_logical_device_configuration`
+      before TensorFlow starts), or tasks of TF's distributed runtime
+      ("/job:worker/task:1/device:CPU:0") with `cluster`.
+    memory_per_device: cap in bytes per device (None: unlimited). A step
+      whose liveness peak exceeds it on one device is spread over the
+      devices, the model's own variables with it.
+    pins: {layer name or variable path: device index or string}: those
+      variables stay on that device (default: nothing pinned; the placer
+      puts every variable, and the hook moves it there).
+    cluster: the cluster the `devices` tasks belong to: {job: ["host:port",
+      ...]} (`LoopbackServers.spec`), a `tf.train.ClusterSpec`, a
+      TF_CONFIG-style dict or JSON string; None reads `TF_CONFIG` when the
+      devices name tasks.
     verbose: print the report when a step is built.
     **compile_kwargs: Keras' `model.compile` arguments (optimizer, loss,
       metrics, ...), with their usual meaning; `jit_compile=True` marks the
@@ -319,9 +453,15 @@ def compile(model, *, fusion: bool = True,  # pylint: disable=redefined-builtin
     if placement not in names:
       raise invalid_argument("placement", f"None or one of {names}",
                              placement)
+    spec = _connect_cluster(devices, cluster)
     _check_devices(devices)
-  elif devices:
-    raise invalid_argument("devices", "given only with `placement`", devices)
+    from tfopt.compile_placement import check_pins  # pylint: disable=g-import-not-at-top
+    pins = check_pins(pins, list(devices))
+  elif devices or pins or cluster is not None:
+    name, value = next((n, v) for n, v in (
+        ("devices", devices), ("pins", pins), ("cluster", cluster))
+                       if v or (n == "cluster" and v is not None))
+    raise invalid_argument(name, "given only with `placement`", value)
   if memory_per_device is not None and (
       isinstance(memory_per_device, bool) or
       not isinstance(memory_per_device, int) or memory_per_device <= 0):
@@ -340,11 +480,26 @@ def compile(model, *, fusion: bool = True,  # pylint: disable=redefined-builtin
     hook = _OptimizedTrainFunction(
         model, fusion=fusion, placement=placement, devices=devices,
         memory_per_device=memory_per_device, verbose=verbose,
-        xla=jit is True)
+        xla=jit is True, pins=pins if placement else None,
+        cluster=spec if placement else None)
     # Keras' fit calls make_train_function(), which keeps a function that is
     # already set; compile() resets it, which removes the hook.
     model.train_function = hook
   return model
+
+
+def _connect_cluster(devices, cluster):
+  """The cluster spec when `devices` name tasks of other jobs (this
+  process connects to it); None for devices of this process."""
+  from tfopt.runtime import remote  # pylint: disable=g-import-not-at-top
+  names = [d for d in (devices or []) if isinstance(d, str)]
+  if not any(remote.is_remote(d) for d in names):
+    if cluster is not None:
+      raise invalid_argument("cluster", "given only when `devices` name tasks "
+                             "of a cluster (/job:<name>/task:<i>/...)",
+                             cluster)
+    return None
+  return remote.connect(cluster)
 
 
 def _check_devices(devices) -> None:

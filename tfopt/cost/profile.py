@@ -34,8 +34,9 @@ import tensorflow as tf
 from tfopt._errors import check_positive_int, invalid_argument
 from tfopt.cost import analytic
 from tfopt.cost.cost_model import CostModel, OpCost
-from tfopt.graph.capture import CapturedStep
-from tfopt.runtime.session import StepSession, session_config
+from tfopt.graph.capture import CapturedStep, opgraph_from_graphdef
+from tfopt.runtime.session import (StepSession, local_device_count,
+                                   session_config)
 
 
 def _node_time_us(ns) -> float:
@@ -67,7 +68,8 @@ def profile_step(step: CapturedStep, *,
                  inputs: Sequence[np.ndarray] | None = None, steps: int = 5,
                  warmup: int = 2, inter_op_threads: int = 1,
                  fallback: analytic.DeviceSpec = analytic.CPU,
-                 progress: bool = False) -> CostModel:
+                 progress: bool = False, graph_def=None,
+                 target: str = "") -> CostModel:
   """Measures every op of `step` on this machine.
 
   Args:
@@ -78,6 +80,11 @@ def profile_step(step: CapturedStep, *,
     inter_op_threads: 1 runs ops one at a time (see module docstring).
     fallback: roofline used for ops no measurement covered.
     progress: show a Keras progress bar.
+    graph_def: a rewritten (e.g. placed) version of the step to profile
+      instead, with its device strings: a step too large for one device
+      is profiled under a first plan on the devices it will run on. The
+      costs are then keyed by its node names.
+    target: a session target for server processes ("" = in-process).
 
   The captured variables are copied into the profiling session; the model's
   own variables are not changed.
@@ -94,7 +101,11 @@ def profile_step(step: CapturedStep, *,
   temps: dict[str, list[int]] = {}
   persistent: dict[str, int] = {}
   config = session_config(inter_op_threads=inter_op_threads)
-  with StepSession(step, config=config) as session:
+  if graph_def is not None:
+    config = session_config(inter_op_threads=inter_op_threads,
+                            device_count=local_device_count(graph_def))
+  with StepSession(step, config=config, graph_def=graph_def,
+                   target=target) as session:
     for i in range(warmup):
       session.run(inputs)
       if bar:
@@ -119,7 +130,8 @@ def profile_step(step: CapturedStep, *,
         persistent[name] = max(persistent.get(name, 0), pers)
       if bar:
         bar.update(warmup + i + 1)
-  graph = step.graph
+  graph = step.graph if graph_def is None else opgraph_from_graphdef(
+      graph_def, batch_size=step.batch_size, inline=False)
   fed = set(step.input_names)
   costs = {}
   for op in graph.ops:
@@ -129,7 +141,10 @@ def profile_step(step: CapturedStep, *,
       costs[op.name] = OpCost(
           compute_us=float(statistics.median(samples[op.name])),
           temp_bytes=int(statistics.median(temps[op.name])),
-          persistent_bytes=estimate.persistent_bytes + persistent[op.name],
+          # The larger of the two: a constant's value is both in the
+          # estimate and in the kernel's measured persistent memory.
+          persistent_bytes=max(estimate.persistent_bytes,
+                               persistent[op.name]),
           profiled=True)
     elif op.name not in ran and op.name not in fed:
       costs[op.name] = OpCost(compute_us=0.0, temp_bytes=0,
@@ -137,7 +152,10 @@ def profile_step(step: CapturedStep, *,
                               profiled=True)
     else:
       costs[op.name] = estimate
+  where = ("one device" if graph_def is None else
+           f"{len({n.device for n in graph_def.node if n.device})} devices "
+           f"of a first plan")
   return CostModel(costs, source=(
-      f"profiled on this machine: median of {steps} traced steps after "
-      f"{warmup} warm-up, inter_op_threads={inter_op_threads}, TF "
+      f"profiled on this machine ({where}): median of {steps} traced steps "
+      f"after {warmup} warm-up, inter_op_threads={inter_op_threads}, TF "
       f"{tf.__version__}"))

@@ -191,18 +191,17 @@ def _even_cuts(weights: list[float], k: int) -> list[int]:
   return cuts
 
 
-def _plan(problem: PlacementProblem, blocks, cuts,
-          devices) -> Placement | None:
-  """The placement of stage s on devices[s]; None if a unit may not go
-  to its stage's device (types, pins)."""
+def _plan(problem: PlacementProblem, blocks, cuts, devices) -> Placement:
+  """The placement of stage s on devices[s]; a unit that may not go to
+  its stage's device (pins, device types) goes to the first device it
+  may use (the simulator then judges the plan)."""
   table = {}
   bounds = [0] + list(cuts) + [len(blocks)]
   for s in range(len(bounds) - 1):
-    d = devices[s]
     for gid in (g for block in blocks[bounds[s]:bounds[s + 1]]
                 for g in block):
-      if d not in problem.allowed[gid]:
-        return None
+      allowed = problem.allowed[gid]
+      d = devices[s] if devices[s] in allowed else allowed[0]
       for n in problem.members[gid]:
         table[n] = d
   return Placement(table, problem.num_devices)
@@ -223,15 +222,11 @@ def _repair(problem: PlacementProblem, blocks, cuts, devices):
 
   def run(c):
     plan = _plan(problem, blocks, c, devices)
-    if plan is None:
-      return None
     return plan, simulate(problem.graph, plan, problem.costs, problem.cluster)
 
   current = run(cuts)
   for _ in range(REPAIR_ROUNDS):
-    if current is None:
-      return None
-    plan, schedule = current
+    _, schedule = current
     if not schedule.memory_exceeded:
       return current
     peaks = schedule.peak_bytes
@@ -249,14 +244,13 @@ def _repair(problem: PlacementProblem, blocks, cuts, devices):
       moved[stage - 1] += 1  # its first block to the previous stage
       options.append(moved)
     tried = [(run(c), c) for c in options]
-    tried = [(r, c) for r, c in tried if r is not None]
     if not tried:
       return None
     result, chosen = min(tried, key=lambda rc: _excess(rc[0][1]))
     if _excess(result[1]) >= _excess(schedule):
       return None
     current, cuts = result, chosen
-  return current if current and not current[1].memory_exceeded else None
+  return None if current[1].memory_exceeded else current
 
 
 def m_stage(problem: PlacementProblem) -> Placement:

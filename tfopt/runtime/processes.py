@@ -22,6 +22,7 @@ from tfopt._errors import check_positive_int, invalid_argument
 from tfopt._net import free_ports
 from tfopt.cluster import Cluster
 from tfopt.cost.comm import CommModel
+from tfopt.runtime import caps
 
 
 def _task_counts(num_tasks, job: str) -> dict[str, int]:
@@ -62,8 +63,29 @@ class LoopbackServers:
 
   def __init__(self, num_tasks: int | Mapping[str, int], *,
                job: str = "worker", start_timeout: float = 120.0,
-               log_dir: str | None = None):
+               log_dir: str | None = None,
+               memory_limit_bytes: int | None = None):
+    """Args:
+      num_tasks: a task count for `job`, or {job: task count}.
+      job: the job name for an int `num_tasks`.
+      start_timeout: seconds for every task to listen.
+      log_dir: a directory for each task's log (default: discarded).
+      memory_limit_bytes: an OS-enforced cap on how much each server may
+        grow after start-up (a memory cgroup per task, see
+        `tfopt.runtime.caps`); a task over it is killed by the kernel.
+        None: uncapped. Raises PermissionError where caps cannot be set.
+    """
+    if memory_limit_bytes is not None:
+      check_positive_int("memory_limit_bytes", memory_limit_bytes)
+      reason = caps.unavailable_reason()
+      if reason is not None:
+        raise PermissionError(f"Argument `memory_limit_bytes` needs memory "
+                              f"cgroups: {reason}. Received: "
+                              f"memory_limit_bytes={memory_limit_bytes}")
     counts = _task_counts(num_tasks, job)
+    self.memory_limit_bytes = memory_limit_bytes
+    self.caps: list[caps.MemoryCap] = []
+    self._peaks: list[caps.ProcessPeak] = []
     self.tasks = [(name, i) for name, count in counts.items()
                   for i in range(count)]
     self.ports = free_ports(len(self.tasks))
@@ -71,7 +93,14 @@ class LoopbackServers:
     for (name, _), port in zip(self.tasks, self.ports):
       spec[name].append(f"localhost:{port}")
     self.spec = spec
-    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")
+    # glibc's malloc keeps freed large buffers in its heap once its dynamic
+    # mmap threshold has grown (it does after the first large free), so a
+    # server's memory never shrank back after a step: a fixed threshold
+    # returns every tensor-sized buffer to the OS when it is freed, and
+    # the process's footprint (what a cap limits) follows its live tensors.
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2",
+               MALLOC_MMAP_THRESHOLD_=str(128 << 10),
+               MALLOC_TRIM_THRESHOLD_=str(128 << 10))
     self._procs = []
     self._logs = []
     try:
@@ -100,6 +129,12 @@ class LoopbackServers:
           raise TimeoutError(f"Server tasks {late} did not listen within "
                              f"{start_timeout} s.")
         time.sleep(0.1)
+      for (name, i), proc in zip(self.tasks, self._procs):
+        if memory_limit_bytes is not None:
+          cap = caps.MemoryCap(f"{name}{i}", memory_limit_bytes)
+          self.caps.append(cap)
+          cap.add(proc.pid)
+        self._peaks.append(caps.ProcessPeak(proc.pid))
     except BaseException:
       self.close()
       raise
@@ -126,6 +161,27 @@ class LoopbackServers:
     return Cluster.uniform(len(self.tasks), memory_bytes, device_type="CPU",
                            comm=comm, names=self.device_names)
 
+  def reset_peaks(self) -> None:
+    """Measures each task's peak afresh from now."""
+    for peak in self._peaks:
+      peak.reset()
+    for cap in self.caps:
+      cap.reset_peak()
+
+  def peak_bytes(self) -> list[int]:
+    """Per task, the most it grew since start-up or `reset_peaks`: the
+    cgroup's peak where capped, else VmHWM over the baseline RSS."""
+    if self.caps:
+      return [cap.peak_bytes for cap in self.caps]
+    return [peak.peak_bytes for peak in self._peaks]
+
+  def exited(self) -> dict[str, int]:
+    """"job:task" -> exit code of every task that is no longer running
+    (-9: killed, e.g. by the kernel at its memory cap)."""
+    return {f"{name}:{i}": proc.returncode
+            for (name, i), proc in zip(self.tasks, self._procs)
+            if proc.poll() is not None}
+
   def close(self) -> None:
     for proc in self._procs:
       if proc.poll() is None:
@@ -136,6 +192,9 @@ class LoopbackServers:
       if log is not subprocess.DEVNULL:
         log.close()
     self._procs = []
+    for cap in self.caps:
+      cap.remove()
+    self.caps = []
 
   def __enter__(self) -> "LoopbackServers":
     return self

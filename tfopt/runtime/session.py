@@ -17,6 +17,12 @@ from tfopt._errors import invalid_argument
 from tfopt.graph.capture import CapturedStep
 
 
+# A run against server processes that takes longer than this is given up:
+# a task that died (its memory cap killed it, say) makes a distributed run
+# wait forever otherwise.
+REMOTE_RUN_TIMEOUT_S = 120
+
+
 def session_config(*, inter_op_threads: int = 0, intra_op_threads: int = 0,
                    grappler: bool = False,
                    device_count: dict | None = None) -> tf.compat.v1.ConfigProto:
@@ -84,6 +90,33 @@ def local_device_count(graph_def) -> dict[str, int]:
   return {"CPU": highest + 1}
 
 
+_REMOTE_FAILURES = (tf.errors.DeadlineExceededError, tf.errors.UnavailableError,
+                    tf.errors.AbortedError)
+
+
+def _unanswered(graph_def) -> str:
+  """Which tasks the graph names do not accept connections any more."""
+  import socket  # pylint: disable=g-import-not-at-top
+  from tfopt.runtime import remote  # pylint: disable=g-import-not-at-top
+  spec = remote.connected_spec() or {}
+  dead = []
+  for device in sorted({n.device for n in graph_def.node if n.device}):
+    parsed = tf.DeviceSpec.from_string(device)
+    addrs = spec.get(parsed.job or "", [])
+    if parsed.task is None or parsed.task >= len(addrs):
+      continue
+    host, _, port = addrs[parsed.task].rpartition(":")
+    try:
+      with socket.create_connection((host, int(port)), timeout=1.0):
+        pass
+    except OSError:
+      dead.append(f"/job:{parsed.job}/task:{parsed.task} ({addrs[parsed.task]})")
+  return (f"tasks no longer answering: {', '.join(dead)}" if dead else
+          "every task still answers (the run was slower than "
+          f"{REMOTE_RUN_TIMEOUT_S} s, or the servers are not this process's "
+          "cluster)")
+
+
 class StepSession:
   """Imports a CapturedStep into its own graph and session, ready to run."""
 
@@ -126,6 +159,14 @@ class StepSession:
                      for n in step.target_names]
     if config is None:
       config = session_config(device_count=local_device_count(self.graph_def))
+    self.target = target
+    if target and not config.operation_timeout_in_ms:
+      # The master's RPCs get the deadline too (a run option alone does not
+      # end a call to a master that died).
+      timed = tf.compat.v1.ConfigProto()
+      timed.CopyFrom(config)
+      timed.operation_timeout_in_ms = REMOTE_RUN_TIMEOUT_S * 1000
+      config = timed
     self.session = tf.compat.v1.Session(target=target, graph=self.graph,
                                         config=config)
     try:
@@ -135,7 +176,39 @@ class StepSession:
     except ValueError:
       self.session.close()
       raise
-    self.session.run(self._init, self._init_feeds)
+    except _REMOTE_FAILURES as err:
+      raise self._remote_failure(err) from err
+    if target:
+      # One variable per call: a server session's master receives every
+      # fed value, and all of them at once would put the whole model's
+      # state in that one task's memory (its cap killed it).
+      for op, (ph, value) in zip(self._init, self._init_feeds.items()):
+        self._run(op, {ph: value})
+    else:
+      self.session.run(self._init, self._init_feeds)
+
+  def _run(self, fetches, feeds=None, options=None, run_metadata=None):
+    """session.run; on server processes with a deadline, and a failure
+    that names the tasks that no longer answer."""
+    if not self.target:
+      return self.session.run(fetches, feeds, options=options,
+                              run_metadata=run_metadata)
+    merged = tf.compat.v1.RunOptions()
+    if options is not None:
+      merged.CopyFrom(options)
+    if not merged.timeout_in_ms:
+      merged.timeout_in_ms = REMOTE_RUN_TIMEOUT_S * 1000
+    try:
+      return self.session.run(fetches, feeds, options=merged,
+                              run_metadata=run_metadata)
+    except _REMOTE_FAILURES as err:
+      raise self._remote_failure(err) from err
+
+  def _remote_failure(self, err) -> RuntimeError:
+    return RuntimeError(
+        f"A run on the servers at {self.target} failed "
+        f"({type(err).__name__}): {_unanswered(self.graph_def)}. A task "
+        f"that grows past an OS memory cap is killed by the kernel.")
 
   def run(self, inputs: Sequence[np.ndarray], *, options=None,
           run_metadata=None) -> list[np.ndarray]:
@@ -145,8 +218,8 @@ class StepSession:
                              "arrays, one per step input",
                              f"<{len(inputs)} arrays>")
     feeds = dict(zip(self._inputs, inputs))
-    results = self.session.run([self._outputs, self._targets], feeds,
-                               options=options, run_metadata=run_metadata)
+    results = self._run([self._outputs, self._targets], feeds,
+                        options=options, run_metadata=run_metadata)
     return results[0]
 
   def variable_values(self) -> dict[str, np.ndarray]:
@@ -156,10 +229,31 @@ class StepSession:
           resource=self.graph.get_tensor_by_name(f"{name}:0"),
           dtype=self.graph.get_operation_by_name(name).get_attr("dtype"))
                for name in self.step.variables}
+    if self.target:  # one at a time through the master (see __init__)
+      return {name: self._run(read) for name, read in reads.items()}
     return self.session.run(reads)
 
   def close(self) -> None:
-    self.session.close()
+    """Closes the session. On server processes its variables are destroyed
+    first: a server keeps a session's variables after the session closes,
+    so every check or profile run there would leave a copy of the model's
+    state behind in each task's memory."""
+    if self.target and not self.session._closed:  # pylint: disable=protected-access
+      with self.graph.as_default():
+        destroy = [tf.raw_ops.DestroyResourceOp(
+            resource=self.graph.get_tensor_by_name(f"{name}:0"),
+            ignore_lookup_error=True) for name in self.step.variables]
+      try:
+        self._run(destroy)
+      except (tf.errors.OpError, RuntimeError):
+        pass  # a server already gone holds nothing any more
+    try:
+      self.session.close()
+    except _REMOTE_FAILURES:
+      if not self.target:
+        raise
+      # Closing tells a master that died: the run's own error (raised
+      # already, or to come) is the one that says what happened.
 
   def __enter__(self) -> "StepSession":
     return self

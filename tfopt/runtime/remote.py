@@ -1,0 +1,130 @@
+"""Tasks of TensorFlow's distributed runtime as devices of this process.
+
+`tfopt.compile(..., devices=["/job:worker/task:1/device:CPU:0", ...])`
+trains on tasks of a cluster: server processes that tfopt started on this
+machine (`LoopbackServers`, whose `spec` is passed as `cluster=`) or real
+hosts running `tf.distribute.Server`, described the same way (a
+`TF_CONFIG`-style dict or JSON string, or the `TF_CONFIG` environment
+variable). `connect` makes the cluster's devices devices of this process's
+eager runtime (`tf.config.experimental_connect_to_cluster`; this process
+joins as job "localhost"), so Keras variables can live on them and a
+`tf.function` runs across them, every cross-task tensor going through
+TensorFlow's own rendezvous and gRPC.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Any, Mapping
+
+from tfopt._errors import invalid_argument
+
+# The spec this process is connected to (connecting again with another
+# invalidates every tensor on the old remote devices).
+_CONNECTED: dict[str, list[str]] | None = None
+
+
+def parse_cluster(cluster: Any) -> dict[str, list[str]]:
+  """{job: [host:port, ...]} from a dict, a `tf.train.ClusterSpec`, a JSON
+  string, a TF_CONFIG-style {"cluster": {...}}, or None (the TF_CONFIG
+  environment variable)."""
+  source = cluster
+  if cluster is None:
+    text = os.environ.get("TF_CONFIG")
+    if not text:
+      raise invalid_argument(
+          "cluster", "a cluster spec ({job: [host:port, ...]}) or the "
+          "TF_CONFIG environment variable when `devices` name tasks of "
+          "other jobs", None)
+    cluster = text
+  if hasattr(cluster, "as_dict"):  # tf.train.ClusterSpec
+    cluster = cluster.as_dict()
+  if isinstance(cluster, str):
+    try:
+      cluster = json.loads(cluster)
+    except json.JSONDecodeError as err:
+      raise invalid_argument("cluster", "a JSON cluster spec or TF_CONFIG",
+                             f"{source!r} ({err})") from None
+  if isinstance(cluster, Mapping) and "cluster" in cluster:
+    cluster = cluster["cluster"]
+  ok = isinstance(cluster, Mapping) and cluster and all(
+      isinstance(job, str) and job and isinstance(addrs, (list, tuple)) and
+      addrs and all(isinstance(a, str) and ":" in a for a in addrs)
+      for job, addrs in cluster.items())
+  if not ok:
+    raise invalid_argument("cluster", "a mapping {job name: [\"host:port\", "
+                           "...]} with at least one task", source)
+  if "localhost" in cluster:
+    raise invalid_argument("cluster", "a spec without a job named "
+                           "'localhost' (this process joins as that job)",
+                           source)
+  return {job: list(addrs) for job, addrs in cluster.items()}
+
+
+def connect(cluster: Any, timeout_s: float = 30.0) -> dict[str, list[str]]:
+  """Connects this process's eager runtime to the cluster (once per spec).
+
+  Raises ValueError naming the cluster when a task does not answer within
+  `timeout_s`."""
+  global _CONNECTED
+  spec = parse_cluster(cluster)
+  if _CONNECTED == spec:
+    return spec
+  if _CONNECTED is not None:
+    raise invalid_argument(
+        "cluster", f"the cluster this process is already connected to "
+        f"({_CONNECTED}): connecting to another would invalidate every "
+        f"tensor on the first", spec)
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  _check_reachable(spec, timeout_s)
+  resolver = tf.distribute.cluster_resolver.SimpleClusterResolver(
+      tf.train.ClusterSpec(spec), rpc_layer="grpc")
+  tf.config.experimental_connect_to_cluster(
+      resolver, make_master_device_default=False)
+  _CONNECTED = spec
+  return spec
+
+
+def _check_reachable(spec, timeout_s: float) -> None:
+  import socket  # pylint: disable=g-import-not-at-top
+  import time  # pylint: disable=g-import-not-at-top
+  for job, addrs in spec.items():
+    for i, addr in enumerate(addrs):
+      host, _, port = addr.rpartition(":")
+      deadline = time.monotonic() + timeout_s
+      while True:
+        try:
+          with socket.create_connection((host, int(port)), timeout=1.0):
+            break
+        except (OSError, ValueError):
+          if time.monotonic() > deadline:
+            raise invalid_argument(
+                "devices", f"tasks that are running (task /job:{job}/task:"
+                f"{i} at {addr} does not answer)", spec) from None
+          time.sleep(0.2)
+
+
+def connected_spec() -> dict[str, list[str]] | None:
+  """The cluster this process is connected to, if any."""
+  return None if _CONNECTED is None else dict(_CONNECTED)
+
+
+def session_target(spec: Mapping[str, list[str]], device: str) -> str:
+  """The gRPC target of the task `device` names (a Session run there
+  reaches every task of the cluster)."""
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  parsed = tf.DeviceSpec.from_string(device)
+  addrs = spec.get(parsed.job or "", [])
+  task = parsed.task or 0
+  if task >= len(addrs):
+    raise invalid_argument("devices", f"devices of the cluster {dict(spec)}",
+                           device)
+  return f"grpc://{addrs[task]}"
+
+
+def is_remote(device: str) -> bool:
+  """Whether a device string names a task of another job."""
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  job = tf.DeviceSpec.from_string(device).job
+  return job not in (None, "localhost")
