@@ -90,10 +90,18 @@ def run(spec: dict) -> dict[str, Any]:
   zoo_model = _model(spec)
   x, y = _data(spec, zoo_model)
   plain, plain_losses, plain_step_s = _plain(spec, x, y)
+  if "cap_fraction" in spec:  # of the step's one-device liveness peak
+    spec = dict(spec, one_device_peak=_one_device_peak(plain, x, y, spec))
+    spec["cap_bytes"] = int(spec["cap_fraction"] * spec["one_device_peak"])
+    if "server_allowance_bytes" in spec:
+      spec["server_limit_bytes"] = (spec["cap_bytes"] +
+                                    spec["server_allowance_bytes"])
   out: dict[str, Any] = {"part": part, "plain": plain_losses,
                          "plain_step_s": plain_step_s,
                          "state_bytes": state_bytes(plain),
-                         "cap": spec["cap_bytes"]}
+                         "cap": spec["cap_bytes"],
+                         "one_device_peak": spec.get("one_device_peak"),
+                         "server_limit": spec.get("server_limit_bytes")}
   model = _model(spec).model
   if part == "refused":
     before = [v.numpy().copy() for v in model.variables]
@@ -119,6 +127,22 @@ def run(spec: dict) -> dict[str, Any]:
                        memory_limit_bytes=spec.get("server_limit_bytes")
                        ) as servers:
     return _placed(out, model, x, y, spec, servers.device_names, servers)
+
+
+def _one_device_peak(model, x, y, spec) -> int:
+  """The simulator's one-device liveness peak of the model's step with
+  the analytic estimate (what `tfopt.compile` judges first)."""
+  from tfopt.cluster import Cluster  # pylint: disable=g-import-not-at-top
+  from tfopt.cost.analytic import estimate_costs  # pylint: disable=g-import-not-at-top
+  from tfopt.graph.capture import capture_train_step  # pylint: disable=g-import-not-at-top
+  from tfopt.placement.placement import Placement  # pylint: disable=g-import-not-at-top
+  from tfopt.simulate import simulate  # pylint: disable=g-import-not-at-top
+  bs = spec["batch_size"]
+  step = capture_train_step(model, x=x[:bs], y=y[:bs])
+  graph = step.graph
+  return int(simulate(graph, Placement.single_device(graph),
+                      estimate_costs(graph),
+                      Cluster.uniform(1, device_type="CPU")).peak_bytes[0])
 
 
 def _placed(out, model, x, y, spec, devices, servers):

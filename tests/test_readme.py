@@ -95,6 +95,10 @@ def _check_output(command: str, out: str, seen: dict) -> None:
     if "placed" in command:
       assert "ops ran where planned" in out
       assert "devices used: ['/device:CPU:0', '/device:CPU:1']" in out
+  elif "experiments.fit_across_devices" in command:
+    assert out.count("equal (rtol 1e-5)") == 2, out[-3000:]
+    assert "the fewest devices of this cap on which a plan was found: 4" \
+        in out and "variables unchanged: True" in out, out[-3000:]
   elif "experiments.prune_moe" in command:
     ratio = dict(re.findall(r"^(\w+)\s+50%\s+[\d.]+\s+([\d.]+)", out, re.M))
     assert float(ratio["moe_pruner"]) < float(ratio["magnitude"]), out

@@ -49,28 +49,28 @@ def _writable_dir(path: str) -> bool:
   return os.path.isdir(path) and os.access(path, os.W_OK)
 
 
+def _writable_group(version: int, root: str) -> tuple[int, str] | tuple[None, str]:
+  """(version, where new groups go: this process's own group under `root`,
+  else `root`), or (None, why neither is writable)."""
+  own = os.path.join(root, _own_group(version).lstrip("/"))
+  for path in (own, root):
+    if _writable_dir(path):
+      return version, path
+  return None, (f"the cgroup v{version} memory hierarchy at {root} is not "
+                f"writable by this user (uid {os.getuid()})")
+
+
 def _base() -> tuple[int, str] | tuple[None, str]:
   """(version, directory new groups go in), or (None, why not)."""
   if os.path.isfile(os.path.join(_V1_ROOT, "memory.limit_in_bytes")):
-    own = os.path.join(_V1_ROOT, _own_group(1).lstrip("/"))
-    for path in (own, _V1_ROOT):
-      if _writable_dir(path):
-        return 1, path
-    return None, f"the cgroup v1 memory controller at {_V1_ROOT} is not " \
-                 f"writable by this user (uid {os.getuid()})"
+    return _writable_group(1, _V1_ROOT)
   for root in _V2_ROOTS:
     controllers = os.path.join(root, "cgroup.controllers")
     if not os.path.isfile(controllers):
       continue
     with open(controllers, encoding="ascii") as f:
-      if "memory" not in f.read().split():
-        continue
-    own = os.path.join(root, _own_group(2).lstrip("/"))
-    for path in (own, root):
-      if _writable_dir(path):
-        return 2, path
-    return None, f"the cgroup v2 hierarchy at {root} is not writable by " \
-                 f"this user (uid {os.getuid()})"
+      if "memory" in f.read().split():
+        return _writable_group(2, root)
   return None, "no cgroup memory controller is mounted (v1 at " \
                f"{_V1_ROOT} or v2 with the memory controller enabled)"
 

@@ -23,7 +23,9 @@ from typing import Sequence
 import numpy as np
 import tensorflow as tf
 
-from tfopt.runtime.session import StepSession, local_device_count, session_config
+from tfopt.runtime.session import (StepSession, local_device_count,
+                                   session_config)
+from tfopt.simulate.simulator import peak_level
 
 
 @dataclasses.dataclass(frozen=True)
@@ -60,15 +62,7 @@ def allocation_peaks(run_metadata, devices: Sequence[str]) -> list[int]:
       for mem in ns.memory:
         records[i].extend((r.alloc_micros, r.alloc_bytes)
                           for r in mem.allocation_records)
-  peaks = []
-  for events in records:
-    events.sort()
-    level = peak = 0
-    for _, delta in events:
-      level += delta
-      peak = max(peak, level)
-    peaks.append(peak)
-  return peaks
+  return [peak_level(events) for events in records]
 
 
 def measure_peak_bytes(step, inputs: Sequence[np.ndarray], *,

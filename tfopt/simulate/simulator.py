@@ -247,16 +247,17 @@ def _peak_memory(graph, device, op_cost, start, end,
   for buf in buffers.all():
     deltas[buf.device].append((buf.alloc_us, buf.bytes))
     deltas[buf.device].append((buf.free_us, -buf.bytes))
-  peaks = []
-  for events in deltas:
-    # Frees (negative) before allocations at equal times.
-    events.sort()
-    level = peak = 0
-    for _, delta in events:
-      level += delta
-      peak = max(peak, level)
-    peaks.append(peak)
-  return tuple(peaks)
+  return tuple(peak_level(events) for events in deltas)
+
+
+def peak_level(events) -> int:
+  """The highest running sum of (time, +/- bytes) events in time order; at
+  equal times frees (negative) come first."""
+  level = peak = 0
+  for _, delta in sorted(events):
+    level += delta
+    peak = max(peak, level)
+  return peak
 
 
 @dataclasses.dataclass
