@@ -120,6 +120,22 @@ def test_devices_naming_tasks_that_are_not_running(monkeypatch):
   assert remote.parse_cluster(None) == {"worker": [f"localhost:{port}"]}
 
 
+def test_a_cap_below_one_tensor_is_refused_with_no_device_count():
+  model = _mlp()
+  x = np.ones((8, 4), np.float32)
+  y = np.zeros((8, 2), np.float32)
+  before = [v.numpy().copy() for v in model.variables]
+  tfopt.compile(model, optimizer="adam", loss="mse", placement="auto",
+                devices=["/device:CPU:0"], memory_per_device=16,
+                verbose=False)
+  with pytest.raises(ValueError, match=r"needs .* B; the largest device cap "
+                     r"it may use is 16 B\. No number of devices of this "
+                     r"cap can hold it"):
+    model.fit(x, y, batch_size=8, verbose=0)
+  assert all(np.array_equal(a, v.numpy())
+             for a, v in zip(before, model.variables))
+
+
 def test_pins_name_layers_or_variables():
   from tfopt.compile_placement import resolve_pins  # pylint: disable=import-outside-toplevel
   model = _mlp()
@@ -157,6 +173,19 @@ def test_moving_a_keras_variable_keeps_its_value_keys_and_frees_the_old():
   np.testing.assert_array_equal(kernel.numpy(), value)
   assert model.optimizer._var_key(kernel) == key  # pylint: disable=protected-access
   model.fit(x, y, verbose=0)  # Keras' own step still finds its slots
+
+
+def test_the_private_keras_paths_moving_relies_on_are_there():
+  # Fails loudly when Keras changes what tfopt.runtime.variables relies on:
+  # the TF-backend variable keeps its tf.Variable in `_value`, and the TF
+  # optimizer keys variables by that tf.Variable's `_unique_id`.
+  model = _mlp()
+  model.compile(optimizer="adam", loss="mse")
+  model.optimizer.build(model.trainable_variables)
+  kernel = model.get_layer("hidden").kernel
+  assert kernel._value is kernel.value  # pylint: disable=protected-access
+  assert isinstance(kernel.value, tf.Variable)
+  assert model.optimizer._var_key(kernel) == kernel.value._unique_id  # pylint: disable=protected-access
 
 
 def test_moving_refuses_a_variable_it_does_not_understand():

@@ -153,10 +153,19 @@ class Refusal:
   fewest_devices: int | None  # a plan was found on this many
   at_least: int  # no fewer devices of this cap can hold the step
   tried_up_to: int  # device counts tried for a plan, up to this many
+  # Set when one op (or colocation group) alone exceeds the cap: then no
+  # number of devices of this cap helps.
+  indivisible: str | None = None
 
   def message(self, model_name: str, reason: str | None = None) -> str:
     """The refusal; with `reason`, the placers' own account after it."""
     cap = format_bytes(self.cap) if self.cap else "unlimited"
+    if self.indivisible:
+      return (f"tfopt.compile cannot place {model_name}'s training step on "
+              f"devices of {cap} each (memory_per_device): "
+              f"{self.indivisible[:1].lower()}{self.indivisible[1:]} No "
+              f"number of devices of this cap can hold it; raise the cap. "
+              f"The model's variables were not changed.")
     found = (f"the fewest devices of this cap on which a plan was found: "
              f"{self.fewest_devices}" if self.fewest_devices else
              f"no plan was found on up to {self.tried_up_to} devices of this "
@@ -176,7 +185,7 @@ def refusal(graph, costs, cluster) -> Refusal:
   from tfopt.cluster import Cluster, Device  # pylint: disable=g-import-not-at-top
   from tfopt.placement.api import place  # pylint: disable=g-import-not-at-top
   from tfopt.placement.placement import Placement  # pylint: disable=g-import-not-at-top
-  from tfopt.placement.problem import InfeasiblePlacement  # pylint: disable=g-import-not-at-top
+  from tfopt.placement.problem import InfeasiblePlacement, make_problem  # pylint: disable=g-import-not-at-top
   from tfopt.simulate import simulate  # pylint: disable=g-import-not-at-top
   first = cluster.devices[0]
   cap = first.memory_bytes
@@ -184,6 +193,12 @@ def refusal(graph, costs, cluster) -> Refusal:
   single = simulate(graph, Placement.single_device(graph), costs,
                     Cluster((Device(first.name, first.device_type),)))
   at_least = max(1, math.ceil(bound / cap)) if cap else 1
+  try:
+    make_problem(graph, Cluster.uniform(1, cap, device_type=first.device_type),
+                 costs)
+  except InfeasiblePlacement as err:  # one op or group over the cap
+    return Refusal(bound, single.peak_bytes[0], cap, len(cluster), None,
+                   at_least, 0, indivisible=str(err))
   # The caller's own device count already failed with the whole portfolio.
   start = max(at_least, len(cluster) + 1)
   fewest = None

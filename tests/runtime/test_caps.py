@@ -30,6 +30,7 @@ for _ in range(int(sys.argv[1])):
   blocks.append(np.ones(10 << 20, np.uint8))  # touched: resident
   time.sleep(0.01)
 print("survived", flush=True)
+sys.stdin.readline()  # held until the parent has read the peak
 """
 
 
@@ -55,6 +56,24 @@ def test_a_process_past_its_cap_is_killed_and_one_within_survives():
   assert peak >= 90 << 20
   code, out, kills, _ = _capped_child(100 << 20, 3)  # 30 MB
   assert code == 0 and "survived" in out and kills == 0
+
+
+def test_process_peak_is_growth_over_the_baseline():
+  proc = subprocess.Popen([sys.executable, "-c", _ALLOCATE, "8"],
+                          stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                          text=True)
+  try:
+    import time  # pylint: disable=import-outside-toplevel
+    time.sleep(0.5)  # started, waiting for its line: the baseline
+    peak = caps.ProcessPeak(proc.pid)
+    assert peak.peak_bytes < 10 << 20
+    proc.stdin.write("go\n")
+    proc.stdin.flush()
+    assert "survived" in proc.stdout.readline()
+    # 8 blocks of 10 MiB, touched.
+    assert 75 << 20 <= peak.peak_bytes <= 120 << 20, peak.peak_bytes
+  finally:
+    proc.communicate(timeout=60)
 
 
 def test_unavailable_reason_says_why():
