@@ -20,3 +20,19 @@ def test_bad_clusters_are_named():
     Cluster((Device("/cpu:0"), Device("/cpu:0")))
   with pytest.raises(ValueError, match="names"):
     Cluster.uniform(2, names=["a"])
+
+
+def test_compute_sharing():
+  from tfopt import ComputeSharing
+  shared = ComputeSharing.shared(3, capacity=2.0)
+  assert shared.groups == (0, 0, 0)
+  assert [shared.rate(n) for n in (0, 1, 2, 4)] == [1.0, 1.0, 1.0, 0.5]
+  assert ComputeSharing.alone(2).groups == (0, 1)
+  c = Cluster.uniform(2, sharing=ComputeSharing((0, 0)))
+  assert c.sharing.rate(2) == 0.5
+  with pytest.raises(ValueError, match=r"capacity.*>= 1.*capacity=0.5"):
+    ComputeSharing((0, 0), 0.5)
+  with pytest.raises(ValueError, match="groups"):
+    ComputeSharing(())
+  with pytest.raises(ValueError, match=r"one group per device \(3\)"):
+    Cluster.uniform(3, sharing=ComputeSharing((0, 0)))

@@ -15,11 +15,11 @@ __version__ = "0.1.0"
 # First: OR-Tools must load before TensorFlow (see _native.py).
 from tfopt import _native  # noqa: F401  pylint: disable=unused-import
 
-from tfopt.cluster import Cluster, Device
+from tfopt.cluster import Cluster, ComputeSharing, Device
 # tfopt.compile(model, ...): Keras' compile plus the optimized train step.
 from tfopt.compile import compile  # noqa: A004  pylint: disable=redefined-builtin
 from tfopt.cost import CommModel, CostModel, OpCost
 from tfopt.graph import Edge, Op, OpGraph
 
-__all__ = ["Cluster", "CommModel", "CostModel", "Device", "Edge", "Op",
-           "OpCost", "OpGraph", "__version__", "compile"]
+__all__ = ["Cluster", "CommModel", "ComputeSharing", "CostModel", "Device",
+           "Edge", "Op", "OpCost", "OpGraph", "__version__", "compile"]

@@ -1,7 +1,13 @@
-"""Device and Cluster: device names (TF device strings), memory caps, links.
+"""Device and Cluster: device names (TF device strings), memory caps, links,
+and which devices share physical compute.
 
 Virtual CPU devices in one process and remote `/job:worker/task:i` devices
-are both just clusters: a placer only sees indices, caps and a CommModel.
+are both just clusters: a placer only sees indices, caps, a CommModel and a
+ComputeSharing. Logical CPUs of one process run on the same cores (and
+server processes of one host do, unless each is pinned to its own): two
+ops "in parallel" on them share those cores, which `ComputeSharing` tells
+the simulator. `tfopt.runtime.fit_cluster` fits both on the real machine;
+`tfopt.calibration` saves and reloads them.
 """
 
 from __future__ import annotations
@@ -31,10 +37,59 @@ class Device:
 
 
 @dataclasses.dataclass(frozen=True)
+class ComputeSharing:
+  """Devices that compute on the same cores, and how many ops at once those
+  cores run at full speed.
+
+  Attributes:
+    groups: per device, a group id; devices with equal ids share cores.
+    capacity: ops of one group that run side by side unslowed (>= 1). When
+      n ops of a group run at once, each progresses at min(1, capacity / n)
+      of its profiled speed (processor sharing): 1.0 where each op alone
+      already keeps every core of the group busy.
+
+  >>> ComputeSharing((0, 0), 1.0).rate(2)   # two ops share one core's worth
+  0.5
+  """
+  groups: tuple[int, ...]
+  capacity: float = 1.0
+
+  def __post_init__(self):
+    groups = tuple(self.groups)
+    if not groups or any(isinstance(g, bool) or not isinstance(g, int)
+                         for g in groups):
+      raise invalid_argument("groups", "a non-empty sequence of integer "
+                             "group ids, one per device", self.groups)
+    object.__setattr__(self, "groups", groups)
+    if isinstance(self.capacity, bool) or not isinstance(
+        self.capacity, (int, float)) or not 1.0 <= self.capacity < float(
+            "inf"):
+      raise invalid_argument("capacity", "a finite number >= 1",
+                             self.capacity)
+
+  def rate(self, running: int) -> float:
+    """Each op's speed when `running` ops of one group run at once."""
+    return min(1.0, self.capacity / running) if running else 1.0
+
+  @classmethod
+  def alone(cls, num_devices: int) -> "ComputeSharing":
+    """Every device on cores of its own."""
+    return cls(tuple(range(num_devices)))
+
+  @classmethod
+  def shared(cls, num_devices: int, capacity: float = 1.0
+             ) -> "ComputeSharing":
+    """Every device on the same cores."""
+    return cls((0,) * num_devices, capacity)
+
+
+@dataclasses.dataclass(frozen=True)
 class Cluster:
-  """An ordered set of devices and the links between them."""
+  """An ordered set of devices, the links between them, and which of them
+  share cores (None: every device computes apart)."""
   devices: tuple[Device, ...]
   comm: CommModel = CommModel()
+  sharing: ComputeSharing | None = None
 
   def __post_init__(self):
     devices = tuple(self.devices)
@@ -45,6 +100,10 @@ class Cluster:
     if len(set(names)) != len(names):
       raise invalid_argument("devices", "devices with unique names", names)
     object.__setattr__(self, "devices", devices)
+    if self.sharing is not None and len(self.sharing.groups) != len(devices):
+      raise invalid_argument("sharing", f"a ComputeSharing with one group "
+                             f"per device ({len(devices)})",
+                             self.sharing.groups)
 
   def __len__(self) -> int:
     return len(self.devices)
@@ -56,7 +115,8 @@ class Cluster:
   @classmethod
   def uniform(cls, num_devices: int, memory_bytes: int | None = None, *,
               device_type: str = "GPU", comm: CommModel | None = None,
-              names: Sequence[str] | None = None) -> "Cluster":
+              names: Sequence[str] | None = None,
+              sharing: ComputeSharing | None = None) -> "Cluster":
     """`num_devices` identical devices named /device:<type>:i by default."""
     check_positive_int("num_devices", num_devices)
     if names is not None and len(names) != num_devices:
@@ -64,4 +124,4 @@ class Cluster:
                              names)
     names = names or [f"/device:{device_type}:{i}" for i in range(num_devices)]
     return cls(tuple(Device(n, device_type, memory_bytes) for n in names),
-               comm or CommModel())
+               comm or CommModel(), sharing)

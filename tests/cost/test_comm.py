@@ -4,6 +4,7 @@ import numpy as np
 import pytest
 
 from tfopt.cost import CommModel, Link, fit_comm_model
+from tfopt.cost.comm import fit_overhead
 
 
 def test_default_is_the_published_pcie_fit():
@@ -49,3 +50,32 @@ def test_bad_input_is_named():
     Link(1.0, 0)
   with pytest.raises(ValueError, match="latency_us=-1"):
     Link(-1, 1.0)
+
+
+def test_overhead_is_what_holds_the_channels():
+  link = Link(100.0, 1.0, overhead_us=10.0)
+  assert link.transfer_us(1000) == 101.0 and link.channel_us(1000) == 11.0
+  assert link.message_us(0) == 100.0 and link.transfer_us(0) == 0.0
+  baechi = Link(100.0, 1.0)  # no overhead: the whole latency holds them
+  assert baechi.channel_us(1000) == baechi.transfer_us(1000) == 101.0
+  with pytest.raises(ValueError, match=r"overhead_us.*at most latency_us "
+                     r"\(100.0\).*overhead_us=200"):
+    Link(100.0, 1.0, overhead_us=200)
+
+
+def test_fit_overhead_recovers_a_known_overhead_from_noisy_batches():
+  # n transfers issued together: latency 700 + (n - 1) x 40 us, 3 % noise.
+  rng = np.random.default_rng(1)
+  counts = [1, 2, 4, 8, 16, 32] * 3
+  times = [(700 + (n - 1) * 40.0) * (1 + 0.03 * rng.standard_normal())
+           for n in counts]
+  overhead, residual = fit_overhead(counts, times, Link(700.0, 1.0))
+  assert overhead == pytest.approx(40.0, rel=0.1)
+  assert residual < 0.06
+  # Serial transfers (every one pays the whole latency): clipped to it.
+  serial = [700.0 * n for n in (1, 2, 4)]
+  assert fit_overhead([1, 2, 4], serial, Link(700.0, 1.0))[0] == 700.0
+  with pytest.raises(ValueError, match="distinct counts"):
+    fit_overhead([2, 2], [1.0, 2.0], Link(1.0, 1.0))
+  with pytest.raises(ValueError, match="times_us"):
+    fit_overhead([1, 2], [1.0, -2.0], Link(1.0, 1.0))

@@ -2,7 +2,7 @@
 
 import pytest
 
-from tfopt import Cluster, CommModel, CostModel, OpCost
+from tfopt import Cluster, CommModel, ComputeSharing, CostModel, OpCost
 from tfopt.graph import Edge, Op, OpGraph
 from tfopt.placement.placement import Placement
 from tfopt.simulate.simulator import simulate
@@ -141,3 +141,83 @@ def test_empty_graph():
   g = OpGraph([], [])
   s = simulate(g, Placement({}, 2), {}, _cluster(2))
   assert s.makespan_us == 0.0 and s.peak_bytes == (0, 0)
+
+
+# -- Devices that share cores, links that overlap transfers, control messages.
+
+def _pair(costs_a, costs_b):
+  g = OpGraph([Op("a", "X", (0,)), Op("b", "X", (0,))], [])
+  return g, _place({"a": 0, "b": 1}, 2), {"a": costs_a, "b": costs_b}
+
+
+@pytest.mark.parametrize("capacity, end_a, end_b", [
+    # One core's worth: both at half speed until b is done (4 us of work
+    # at 0.5 -> t=8); a has 6 us left, alone at full speed -> 14.
+    (1.0, 14.0, 8.0),
+    # 1.5 cores: 0.75 each; b ends at 4 / 0.75, a then runs its last 6 us.
+    (1.5, 6.0 + 4 / 0.75, 4 / 0.75),
+    # Two cores' worth: no slow-down.
+    (2.0, 10.0, 4.0)])
+def test_two_devices_sharing_cores_by_hand(capacity, end_a, end_b):
+  g, p, costs = _pair(10.0, 4.0)
+  shared = Cluster.uniform(2, sharing=ComputeSharing((0, 0), capacity))
+  s = simulate(g, p, costs, shared)
+  assert s.end_us["a"] == pytest.approx(end_a)
+  assert s.end_us["b"] == pytest.approx(end_b)
+  # Apart (no sharing), or in different groups: parallel at full speed.
+  for cluster in (Cluster.uniform(2), Cluster.uniform(
+      2, sharing=ComputeSharing((0, 1), 1.0))):
+    apart = simulate(g, p, costs, cluster)
+    assert (apart.end_us["a"], apart.end_us["b"]) == (10.0, 4.0)
+
+
+def test_sharing_slows_a_running_op_when_another_starts():
+  # One core's worth for d0 and d1. d0 runs a (2 us of work), then c (2 us)
+  # after it; d1 runs b (6 us). 0-4: a and b at half speed, a ends at 4, b
+  # has done 2. 4-8: c and b at half speed, c ends at 8, b has 2 left,
+  # alone at full speed until 10.
+  g = OpGraph([Op("a", "X", (0,)), Op("b", "X", (0,)), Op("c", "X", (0,))],
+              [Edge("a", "c", -1)])
+  s = simulate(g, _place({"a": 0, "b": 1, "c": 0}, 2),
+               {"a": 2.0, "b": 6.0, "c": 2.0},
+               Cluster.uniform(2, sharing=ComputeSharing.shared(2)))
+  assert (s.end_us["a"], s.start_us["c"], s.end_us["c"]) == (4.0, 4.0, 8.0)
+  assert s.end_us["b"] == pytest.approx(10.0)
+  assert s.makespan_us == pytest.approx(10.0)  # 10 us of work on one core
+
+
+def test_overhead_lets_transfers_overlap():
+  # a's three outputs go to three readers on d1. Latency 10 us, 1000 B at
+  # 1 GB/s: 11 us each. Without an overhead each holds the channels for all
+  # 11 us (arrivals 12, 23, 34); with a 2 us overhead for 2 + 1 us, so they
+  # start 3 us apart and arrive at 12, 15, 18.
+  g = OpGraph([Op("a", "X", (1000, 1000, 1000))] +
+              [Op(n, "X", (0,)) for n in "bcd"],
+              [Edge("a", n, k, 0, 1000) for k, n in enumerate("bcd")])
+  p = _place({"a": 0, "b": 1, "c": 1, "d": 1}, 2)
+  costs = {n: 1.0 for n in "abcd"}
+  serial = simulate(g, p, costs, _cluster(2))
+  assert [t.end_us for t in serial.transfers] == [12.0, 23.0, 34.0]
+  overlap = simulate(g, p, costs, Cluster.uniform(2, comm=CommModel.uniform(
+      10.0, 1.0, overhead_us=2.0)))
+  assert [(t.start_us, t.end_us) for t in overlap.transfers] == [
+      (1.0, 12.0), (4.0, 15.0), (7.0, 18.0)]
+  assert overlap.makespan_us == 19.0
+
+
+def test_control_edges_across_devices_can_be_messages():
+  # a (d0) -> control -> c (d1), and a -> control -> d (d1): one message
+  # per op and destination device, a zero-byte transfer of 10 us.
+  g = OpGraph([Op(n, "X", (0,)) for n in "acd"],
+              [Edge("a", "c", -1), Edge("a", "d", -1)])
+  p = _place({"a": 0, "c": 1, "d": 1}, 2)
+  costs = {"a": 2.0, "c": 1.0, "d": 1.0}
+  free = simulate(g, p, costs, _cluster(2))
+  assert free.start_us["c"] == 2.0 and free.transfers == ()
+  messages = Cluster.uniform(2, comm=CommModel.uniform(
+      10.0, 1.0, control_messages=True))
+  s = simulate(g, p, costs, messages)
+  assert [(t.src_output, t.bytes, t.start_us, t.end_us)
+          for t in s.transfers] == [(-1, 0, 2.0, 12.0)]
+  assert (s.start_us["c"], s.start_us["d"]) == (12.0, 13.0)
+  assert s.peak_bytes == (0, 0)  # a message holds no memory

@@ -1,9 +1,24 @@
 """CommModel: transfer time = latency + bytes / bandwidth, per device pair.
 
-The default is the published PCIe fit used by Baechi: 134 us + 5.7 GB/s.
-`fit_comm_model` fits the two numbers by least squares from measured
-(bytes, microseconds) pairs; `tfopt.cost.comm_measure` produces such pairs
-from real tensor copies between two TensorFlow devices.
+The default is the published PCIe fit used by Baechi: 134 us + 5.7 GB/s,
+each transfer holding the sender's and the receiver's channel for all of it,
+and control dependencies free.
+
+Two refinements describe TensorFlow's own transports (fitted by
+`tfopt.runtime.fit_cluster`, saved by `tfopt.calibration`):
+  * `Link.overhead_us`: the part of the latency that occupies the channels.
+    gRPC keeps many tensors in flight between two tasks: each costs the
+    channels only its overhead plus its bytes, and arrives `latency_us`
+    plus its bytes after it started. None (the default) means the whole
+    latency occupies the channels, one transfer after another (Baechi's
+    model).
+  * `CommModel.control_messages`: a control dependency between ops on two
+    devices is a message too (TensorFlow's partitioner sends a dummy tensor
+    for each), costing a zero-byte transfer.
+
+`fit_comm_model` fits latency and bandwidth by least squares from measured
+(bytes, microseconds) pairs, `fit_overhead` the overhead from transfers
+issued together; `tfopt.cost.comm_measure` measures both on real devices.
 """
 
 from __future__ import annotations
@@ -21,9 +36,17 @@ PCIE_BANDWIDTH_GBPS = 5.7
 
 @dataclasses.dataclass(frozen=True)
 class Link:
-  """One directed link: `latency_us` + bytes / (`bandwidth_gbps` GB/s)."""
+  """One directed link: `latency_us` + bytes / (`bandwidth_gbps` GB/s).
+
+  `overhead_us` (<= latency) is what each transfer occupies the channels
+  for beyond its bytes; None: the whole latency (see module doc).
+
+  >>> Link(100.0, 1.0, overhead_us=10.0).channel_us(1000)  # 10 + 1 us
+  11.0
+  """
   latency_us: float = PCIE_LATENCY_US
   bandwidth_gbps: float = PCIE_BANDWIDTH_GBPS
+  overhead_us: float | None = None
 
   def __post_init__(self):
     check_non_negative("latency_us", self.latency_us)
@@ -31,13 +54,31 @@ class Link:
         self.bandwidth_gbps, (int, float)) or not self.bandwidth_gbps > 0:
       raise invalid_argument("bandwidth_gbps", "a number > 0",
                              self.bandwidth_gbps)
+    if self.overhead_us is not None:
+      check_non_negative("overhead_us", self.overhead_us)
+      if self.overhead_us > self.latency_us:
+        raise invalid_argument("overhead_us", f"at most latency_us "
+                               f"({self.latency_us})", self.overhead_us)
 
   def transfer_us(self, nbytes: int) -> float:
-    """Microseconds to move `nbytes`; 0 bytes (a control edge) costs 0."""
+    """Microseconds from a transfer's start until `nbytes` arrived; 0
+    bytes (a control edge) costs 0 (a message: `message_us`)."""
     if nbytes <= 0:
       return 0.0
     # 1 GB/s = 1e9 B/s = 1e3 B/us.
     return self.latency_us + nbytes / (self.bandwidth_gbps * 1e3)
+
+  def message_us(self, nbytes: int) -> float:
+    """Like `transfer_us`, but a message without payload costs the
+    latency (a control dependency between devices of TF's runtime)."""
+    return self.latency_us + max(0, nbytes) / (self.bandwidth_gbps * 1e3)
+
+  def channel_us(self, nbytes: int) -> float:
+    """How long a transfer of `nbytes` holds the sender's and receiver's
+    channels: its overhead plus its bytes (everything, without one)."""
+    overhead = self.latency_us if self.overhead_us is None else \
+        self.overhead_us
+    return overhead + max(0, nbytes) / (self.bandwidth_gbps * 1e3)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -52,6 +93,7 @@ class CommModel:
   default: Link = Link()
   pairs: Mapping[tuple[int, int], Link] = dataclasses.field(
       default_factory=dict)
+  control_messages: bool = False
 
   def link(self, src: int, dst: int) -> Link:
     return self.pairs.get((src, dst), self.default)
@@ -65,8 +107,11 @@ class CommModel:
 
   @classmethod
   def uniform(cls, latency_us: float = PCIE_LATENCY_US,
-              bandwidth_gbps: float = PCIE_BANDWIDTH_GBPS) -> "CommModel":
-    return cls(Link(latency_us, bandwidth_gbps))
+              bandwidth_gbps: float = PCIE_BANDWIDTH_GBPS, *,
+              overhead_us: float | None = None,
+              control_messages: bool = False) -> "CommModel":
+    return cls(Link(latency_us, bandwidth_gbps, overhead_us),
+               control_messages=control_messages)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -127,3 +172,34 @@ def fit_comm_model(nbytes: Sequence[int], times_us: Sequence[float]) -> CommFit:
   relative = float(np.sqrt(np.mean((residual / y) ** 2)))
   return CommFit(Link(float(latency), float(1.0 / slope / 1e3)), rms,
                  relative, x.size)
+
+
+def fit_overhead(counts: Sequence[int], times_us: Sequence[float],
+                 link: Link) -> tuple[float, float]:
+  """The channel overhead per transfer from batches issued together.
+
+  `times_us[i]` is how long `counts[i]` small transfers issued at once took
+  until the last arrived (their payload negligible). Under the model, n of
+  them take a latency plus (n - 1) overheads: the least-squares slope of
+  time over n, clipped to [0, link.latency_us]. Returns (overhead_us,
+  relative rms residual of the line).
+
+  >>> fit_overhead([1, 2, 4], [100.0, 110.0, 130.0], Link(100.0, 1.0))
+  (10.0, 0.0)
+  """
+  n = np.asarray(counts, dtype=np.float64)
+  y = np.asarray(times_us, dtype=np.float64)
+  if n.ndim != 1 or n.shape != y.shape or n.size < 2 or np.any(n < 1):
+    raise invalid_argument("counts", "a 1-D sequence of at least 2 counts "
+                           ">= 1, as long as `times_us`", list(counts))
+  if np.ptp(n) == 0:
+    raise invalid_argument("counts", "at least two distinct counts",
+                           list(counts))
+  if np.any(~np.isfinite(y)) or np.any(y <= 0):
+    raise invalid_argument("times_us", "positive finite times",
+                           list(times_us))
+  slope, intercept = np.polyfit(n, y, 1)
+  residual = y - (intercept + slope * n)
+  relative = float(np.sqrt(np.mean((residual / y) ** 2)))
+  overhead = min(max(float(slope), 0.0), link.latency_us)
+  return round(overhead, 9), round(relative, 9)

@@ -85,12 +85,20 @@ def m_etf(problem: PlacementProblem, reserve: float | None = None,
   pending = [len(x) for x in ins]
   if comm.pairs:
     transfer = comm.transfer_us
+
+    def occupancy(nbytes, src, dst):
+      return comm.link(src, dst).channel_us(nbytes)
   else:
     latency = comm.default.latency_us
     per_byte = 1.0 / (comm.default.bandwidth_gbps * 1e3)
+    overhead = comm.default.channel_us(0)
 
     def transfer(nbytes, src, dst):
       return latency + nbytes * per_byte if nbytes > 0 and src != dst else 0.0
+
+    def occupancy(nbytes, src, dst):
+      del src, dst
+      return overhead + nbytes * per_byte
 
   place = [-1] * n_ops
   finish = [0.0] * n_ops
@@ -132,7 +140,8 @@ def m_etf(problem: PlacementProblem, reserve: float | None = None,
         start = channels[sd]
       if channels[d] > start:
         start = channels[d]
-      channels[sd] = channels[d] = start + duration
+      channels[sd] = channels[d] = start + min(
+          duration, occupancy(copies[key], sd, d))
       times[key] = start + duration
     return times
 

@@ -4,17 +4,25 @@ The single source of a makespan and of per-device peak memory: placers may
 keep their own timelines for speed, but every number tfopt reports comes from
 here. Pure: nothing it is given is modified.
 
-Timing model (Baechi's):
+Timing model (Baechi's, with two measured refinements):
   * One compute stream per device. A device runs one op at a time; among the
     ops ready on a free device the earliest in topological order runs first
     (or the lowest of a given `priority`, e.g. a placer's own start times).
+  * Devices that share cores (`Cluster.sharing`: logical CPUs of one
+    process) divide them: while n ops of one sharing group run, each
+    advances at min(1, capacity / n) of its profiled speed. Without
+    sharing, every device computes apart.
   * An op is ready when every input has arrived: at once from its own
     device, after a transfer from another one.
   * A tensor (op, output port) is sent once per destination device and reused
-    there by every consumer. A transfer occupies the sender's and the
-    receiver's channel (one channel per device) for latency + bytes/bandwidth;
-    transfers wait for both channels, first come first served. Control edges
-    move no data and cost nothing.
+    there by every consumer. A transfer waits for the sender's and the
+    receiver's channel (one channel per device, first come first served),
+    holds both for `Link.channel_us` (by default latency + bytes/bandwidth;
+    gRPC's fitted overhead + bytes/bandwidth, so small transfers overlap)
+    and arrives latency + bytes/bandwidth after it started. Control edges
+    move nothing and cost nothing, unless the CommModel says they are
+    messages (TensorFlow's runtime sends one per op and destination device):
+    then each is a zero-byte transfer.
 
 Memory model (liveness, training-aware):
   * persistent bytes are held on the op's device for the whole step;
@@ -41,10 +49,10 @@ import heapq
 from typing import TYPE_CHECKING, Mapping, Sequence
 
 from tfopt._errors import invalid_argument
-from tfopt.cluster import Cluster
+from tfopt.cluster import Cluster, ComputeSharing
 from tfopt.cost.cost_model import op_costs
 from tfopt.graph import aliasing
-from tfopt.graph.opgraph import OpGraph, topological_order
+from tfopt.graph.opgraph import CONTROL, OpGraph, topological_order
 
 if TYPE_CHECKING:
   from tfopt.placement.placement import Placement
@@ -114,16 +122,35 @@ def simulate(graph: OpGraph, placement: Placement | Mapping[str, int], costs,
     graph: the OpGraph.
     placement: op name -> device index, for every op.
     costs: a CostModel (or mapping op name -> OpCost or microseconds).
-    cluster: devices (their memory caps) and the CommModel.
+    cluster: devices (their memory caps), the CommModel, and which devices
+      share cores (`cluster.sharing`).
     priority: optional op -> number; among ready ops a free device runs the
       lowest first (ties: topological order). By default the topological
       order alone, as TensorFlow's executor roughly does; a placer's own
       start times replay its intended order.
   """
-  num_devices = len(cluster)
+  placement = _checked_placement(graph, placement, cluster)
+  op_cost = op_costs(graph, costs)
+  timeline = _Timeline(graph, {op.name: placement[op.name] for op in
+                               graph.ops}, op_cost,
+                       _ranks(graph, priority), cluster)
+  timeline.run()
+  start, end, transfers = timeline.start, timeline.end, timeline.transfers
+  makespan = max(end.values(), default=0.0)
+  if transfers:
+    makespan = max(makespan, max(t.end_us for t in transfers))
+  peaks = _peak_memory(graph, timeline.device, op_cost, start, end,
+                       transfers, len(cluster))
+  return Schedule(timeline.device, start, end, tuple(transfers), makespan,
+                  peaks, cluster.memory_caps)
+
+
+def _checked_placement(graph: OpGraph, placement, cluster: Cluster):
+  """`placement` as a Placement on the cluster's devices, covering `graph`."""
   # Imported here: tfopt.placement's package imports this module (its
   # placers simulate), so a module-level import is circular.
   from tfopt.placement.placement import Placement  # pylint: disable=g-import-not-at-top
+  num_devices = len(cluster)
   if not isinstance(placement, Placement):
     placement = Placement(placement, num_devices)
   if placement.num_devices != num_devices:
@@ -131,105 +158,162 @@ def simulate(graph: OpGraph, placement: Placement | Mapping[str, int], costs,
                            "devices (the cluster's)",
                            f"<placement on {placement.num_devices} devices>")
   placement.check_covers(graph)
-  op_cost = op_costs(graph, costs)
+  return placement
+
+
+def _ranks(graph: OpGraph, priority) -> dict[str, object]:
+  """Each op's rank among ready ops: topological index, or (priority,
+  topological index)."""
   topo = {name: i for i, name in enumerate(topological_order(graph))}
   if priority is None:
-    rank = topo
-  else:
-    missing = next((op.name for op in graph.ops if op.name not in priority),
-                   None)
-    if missing is not None:
-      raise invalid_argument("priority", "a number for every op",
-                             f"<op {missing!r} has none>")
-    rank = {n: (float(priority[n]), topo[n]) for n in topo}
-  device = {op.name: placement[op.name] for op in graph.ops}
-  comm = cluster.comm
+    return topo
+  missing = next((op.name for op in graph.ops if op.name not in priority),
+                 None)
+  if missing is not None:
+    raise invalid_argument("priority", "a number for every op",
+                           f"<op {missing!r} has none>")
+  return {n: (float(priority[n]), topo[n]) for n in topo}
 
-  pending = {op.name: len(graph.in_edges(op.name)) for op in graph.ops}
-  ready_at = {op.name: 0.0 for op in graph.ops}
-  ready: list[list[tuple[int, str]]] = [[] for _ in range(num_devices)]
-  busy_until = [0.0] * num_devices
-  running = [False] * num_devices
-  channel_free = [0.0] * num_devices
-  start, end = {}, {}
-  transfers: list[Transfer] = []
-  events: list[tuple[float, int, str, object]] = []
-  seq = 0
 
-  def push(time, kind, payload):
-    nonlocal seq
-    heapq.heappush(events, (time, seq, kind, payload))
-    seq += 1
+class _Timeline:
+  """The event loop: ops start on free devices, run at the speed their
+  device's sharing group allows, finish, and send their outputs.
 
-  def satisfy(dst, time):
-    if time > ready_at[dst]:
-      ready_at[dst] = time
-    pending[dst] -= 1
-    if pending[dst] == 0:
-      heapq.heappush(ready[device[dst]], (rank[dst], dst))
+  Compute: each device runs one op at a time. Devices of one sharing group
+  (`Cluster.sharing`) divide their cores: while n of the group's ops run,
+  each advances at `sharing.rate(n)` of its profiled speed, so an op's end
+  is only known once no other op of its group starts or ends before it;
+  `_reshare` recomputes the group's ends at each such event (stale "end"
+  events are recognised by a version number).
 
-  for op in graph.ops:
-    if pending[op.name] == 0:
-      heapq.heappush(ready[device[op.name]], (rank[op.name], op.name))
+  Transfers: one per (tensor, destination device), and, when the CommModel
+  says control dependencies are messages, one per (op, destination device)
+  for control edges. A transfer starts once both channels are free, holds
+  them for `Link.channel_us` and arrives after `Link.transfer_us`.
+  """
 
-  def dispatch(now):
-    for d in range(num_devices):
-      if not running[d] and ready[d]:
-        _, name = heapq.heappop(ready[d])
-        start[name] = now
-        end[name] = now + op_cost[name].compute_us
-        busy_until[d] = end[name]
-        running[d] = True
-        push(end[name], "end", name)
+  def __init__(self, graph: OpGraph, device: dict[str, int], op_cost,
+               rank, cluster: Cluster):
+    self.graph, self.device, self.op_cost, self.rank = (graph, device,
+                                                        op_cost, rank)
+    self.comm = cluster.comm
+    num = len(cluster)
+    sharing = cluster.sharing or ComputeSharing.alone(num)
+    self.sharing = sharing
+    self.group = list(sharing.groups)
+    self.running_in: dict[int, dict[str, list[float]]] = {
+        g: {} for g in set(self.group)}  # op -> [work left, since]
+    self.version: dict[str, int] = {}
+    self.pending = {op.name: len(graph.in_edges(op.name)) for op in graph.ops}
+    self.ready: list[list[tuple[object, str]]] = [[] for _ in range(num)]
+    self.busy = [False] * num
+    self.channel_free = [0.0] * num
+    self.start: dict[str, float] = {}
+    self.end: dict[str, float] = {}
+    self.transfers: list[Transfer] = []
+    self.events: list[tuple[float, int, str, object]] = []
+    self.seq = 0
+    for op in graph.ops:
+      if self.pending[op.name] == 0:
+        heapq.heappush(self.ready[device[op.name]], (rank[op.name], op.name))
 
-  def finish(name, now):
-    d = device[name]
-    running[d] = False
-    # Group cross-device data edges by (port, destination device): one copy.
+  def run(self) -> None:
+    self._dispatch(0.0)
+    while self.events:
+      now = self.events[0][0]
+      while self.events and self.events[0][0] == now:
+        _, _, kind, payload = heapq.heappop(self.events)
+        if kind == "end":
+          name, version = payload
+          if self.version.get(name) == version:
+            self._finish(name, now)
+        else:
+          for dst in payload:
+            self._satisfy(dst)
+      self._dispatch(now)
+    if len(self.end) != len(self.graph):
+      stuck = next(op.name for op in self.graph.ops
+                   if op.name not in self.end)
+      raise RuntimeError(f"Simulation ended with op {stuck!r} never run; "
+                         f"the graph is not a DAG.")
+
+  def _push(self, time: float, kind: str, payload) -> None:
+    heapq.heappush(self.events, (time, self.seq, kind, payload))
+    self.seq += 1
+
+  def _satisfy(self, dst: str) -> None:
+    self.pending[dst] -= 1
+    if self.pending[dst] == 0:
+      heapq.heappush(self.ready[self.device[dst]], (self.rank[dst], dst))
+
+  def _dispatch(self, now: float) -> None:
+    """Every free device starts its first ready op."""
+    touched = set()
+    for d, queue in enumerate(self.ready):
+      if not self.busy[d] and queue:
+        _, name = heapq.heappop(queue)
+        self.busy[d] = True
+        self.start[name] = now
+        group = self.group[d]
+        self._advance(group, now)
+        self.running_in[group][name] = [self.op_cost[name].compute_us, now]
+        touched.add(group)
+    for group in touched:
+      self._reshare(group, now)
+
+  def _advance(self, group: int, now: float) -> None:
+    """Work done by the group's running ops since their last update."""
+    running = self.running_in[group]
+    rate = self.sharing.rate(len(running))
+    for state in running.values():
+      state[0] = max(0.0, state[0] - (now - state[1]) * rate)
+      state[1] = now
+
+  def _reshare(self, group: int, now: float) -> None:
+    """New end events for the group's running ops at its current rate."""
+    running = self.running_in[group]
+    rate = self.sharing.rate(len(running))
+    for name, (left, _) in running.items():
+      version = self.version.get(name, 0) + 1
+      self.version[name] = version
+      self._push(now + left / rate, "end", (name, version))
+
+  def _finish(self, name: str, now: float) -> None:
+    d = self.device[name]
+    group = self.group[d]
+    self._advance(group, now)
+    del self.running_in[group][name]
+    self._reshare(group, now)
+    self.end[name] = now
+    self.busy[d] = False
+    self._send(name, d, now)
+
+  def _send(self, name: str, d: int, now: float) -> None:
+    """Outputs to their readers: at once on `d`, else one transfer per
+    (port, destination device), in the order the readers rank."""
     copies: dict[tuple[int, int], list] = {}
-    for e in graph.out_edges(name):
-      dd = device[e.dst]
-      if dd == d or e.is_control:
-        satisfy(e.dst, now)
+    for e in self.graph.out_edges(name):
+      dd = self.device[e.dst]
+      if dd == d or (e.is_control and not self.comm.control_messages):
+        self._satisfy(e.dst)
       else:
         copies.setdefault((e.src_output, dd), []).append(e)
     for (port, dd), edges in sorted(
-        copies.items(), key=lambda kv: min(rank[e.dst] for e in kv[1])):
+        copies.items(), key=lambda kv: min(self.rank[e.dst] for e in kv[1])):
+      link = self.comm.link(d, dd)
       nbytes = max(e.bytes for e in edges)
-      duration = comm.transfer_us(nbytes, d, dd)
+      duration = (link.message_us(nbytes) if port == CONTROL else
+                  link.transfer_us(nbytes))
       if duration == 0.0:
         for e in edges:
-          satisfy(e.dst, now)
+          self._satisfy(e.dst)
         continue
-      t0 = max(now, channel_free[d], channel_free[dd])
-      t1 = t0 + duration
-      channel_free[d] = channel_free[dd] = t1
-      transfers.append(Transfer(name, port, d, dd, nbytes, t0, t1))
-      push(t1, "arrive", tuple(e.dst for e in edges))
-
-  dispatch(0.0)
-  while events:
-    now = events[0][0]
-    while events and events[0][0] == now:
-      _, _, kind, payload = heapq.heappop(events)
-      if kind == "end":
-        finish(payload, now)
-      else:
-        for dst in payload:
-          satisfy(dst, now)
-    dispatch(now)
-
-  if len(end) != len(graph):
-    stuck = next(op.name for op in graph.ops if op.name not in end)
-    raise RuntimeError(f"Simulation ended with op {stuck!r} never run; the "
-                       "graph is not a DAG.")
-  makespan = max(end.values(), default=0.0)
-  if transfers:
-    makespan = max(makespan, max(t.end_us for t in transfers))
-  peaks = _peak_memory(graph, device, op_cost, start, end, transfers,
-                       num_devices)
-  return Schedule(device, start, end, tuple(transfers), makespan, peaks,
-                  cluster.memory_caps)
+      t0 = max(now, self.channel_free[d], self.channel_free[dd])
+      self.channel_free[d] = self.channel_free[dd] = t0 + min(
+          duration, link.channel_us(nbytes))
+      self.transfers.append(Transfer(name, port, d, dd, nbytes, t0,
+                                     t0 + duration))
+      self._push(t0 + duration, "arrive", tuple(e.dst for e in edges))
 
 
 def _peak_memory(graph, device, op_cost, start, end,
@@ -296,6 +380,8 @@ class _Buffers:
     self.of: dict[tuple, _Buffer | None] = {}
     self._buffers: list[_Buffer] = []
     for t in transfers:
+      if t.src_output == CONTROL:  # a message: no tensor is held
+        continue
       loc = ("out", t.src_op, t.src_output)
       self.sent_until[loc] = max(self.sent_until.get(loc, 0.0), t.end_us)
       self._join(("copy", t.src_op, t.src_output, t.dst_device),
