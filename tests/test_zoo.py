@@ -16,6 +16,7 @@ SMALL = {
     "gnmt": dict(vocab_size=100, seq_len=4, units=16),
     "inception_v3": dict(image_size=75, classes=10),
     "resnet50": dict(image_size=32, classes=10),
+    "towers": dict(input_dim=8, towers=3, depth=2, width=16),
 }
 
 
@@ -27,7 +28,7 @@ def _capture(name, batch_size=2):
 
 
 @pytest.mark.parametrize("name", ["mlp", "small_cnn", "transformer_lm",
-                                  "gnmt"])
+                                  "gnmt", "towers"])
 def test_small_models_capture(name):
   model, step, types = _capture(name)
   assert len(step.graph) > 100
@@ -37,6 +38,17 @@ def test_small_models_capture(name):
   for var in model.model.trainable_variables:
     group = step.graph.colocation_groups[f"loc:@{var.path}"]
     assert any("Assign" in step.graph[m].type for m in group), var.path
+
+
+def test_towers_are_parallel_stacks_joined_once():
+  model, step, types = _capture("towers")
+  # 3 towers x 2 Dense layers + the classifier: 7 forward MatMuls, a kernel
+  # gradient for each, and an input gradient for the 4 layers that do not
+  # read the model's input (each tower's second layer and the classifier).
+  assert types["MatMul"] == 7 + 7 + 4
+  assert types["ConcatV2"] == 1
+  layers = [l.name for l in model.model.layers]
+  assert layers.count("join") == 1 and "tower2_dense1" in layers
 
 
 def test_gnmt_is_unrolled_into_per_step_ops():

@@ -226,9 +226,38 @@ def gnmt(*, vocab_size: int = 8000, seq_len: int = 16, units: int = 256,
   return ZooModel("gnmt", model, make)
 
 
+def towers(*, input_dim: int = 512, towers: int = 2,  # pylint: disable=redefined-outer-name
+           depth: int = 6, width: int = 1024, classes: int = 10,
+           optimizer: Any = "adam") -> ZooModel:
+  """A wide multi-tower MLP: `towers` parallel stacks of `depth`
+  Dense(`width`, relu) layers reading one input, concatenated into the
+  classifier. Its towers are independent until the concatenation (and
+  after it, back to it): the branchy model that placement on devices that
+  really compute apart can run side by side (`tfopt.placement.m_branch`).
+  """
+  import keras
+  for name, value in (("towers", towers), ("depth", depth),
+                      ("width", width), ("input_dim", input_dim)):
+    check_positive_int(name, value)
+  inp = keras.Input((input_dim,), name="features")
+  outs = []
+  for t in range(towers):
+    x = inp
+    for i in range(depth):
+      x = keras.layers.Dense(width, activation="relu",
+                             name=f"tower{t}_dense{i}")(x)
+    outs.append(x)
+  x = (keras.layers.Concatenate(name="join")(outs) if towers > 1
+       else outs[0])
+  out = keras.layers.Dense(classes, name="logits")(x)
+  model = keras.Model(inp, out, name="towers")
+  model.compile(optimizer=optimizer, loss=_sparse_ce())
+  return ZooModel("towers", model, _labelled((input_dim,), classes))
+
+
 BUILDERS = {"mlp": mlp, "small_cnn": small_cnn, "resnet50": resnet50,
             "inception_v3": inception_v3, "transformer_lm": transformer_lm,
-            "moe_lm": moe_lm, "gnmt": gnmt}
+            "moe_lm": moe_lm, "gnmt": gnmt, "towers": towers}
 
 
 def build(name: str, **kwargs) -> ZooModel:

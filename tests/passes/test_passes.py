@@ -313,3 +313,45 @@ def test_unchanged_run_on_original_graph_is_equal(mlp):
   a, b = run_steps(step, inputs), run_steps(step, inputs)
   for x, y in zip(a.outputs, b.outputs):
     np.testing.assert_array_equal(x[0], y[0])
+
+
+def test_control_pass_sends_one_control_message_per_op_and_device(mlp):
+  # The second layer's variables (with their reads and updates) on device
+  # 1: the step's final ops wait for updates on both devices. After the
+  # pass each op has at most one control input per other device (a NoOp
+  # there waiting for the rest), and the step computes the same.
+  from tfopt.graph.capture import opgraph_from_graphdef
+  step, inputs = mlp
+  graph = opgraph_from_graphdef(step.graph_def, inline=False)
+  on_one = {n for names in graph.colocation_groups.values()
+            if any("dense_1" in n for n in names) for n in names}
+  placed = apply_placement(
+      step.graph_def, {n.name: int(n.name in on_one)
+                       for n in step.graph_def.node},
+      [d.name for d in local_cluster(2).devices])
+
+  def remote_controls(graph_def):
+    device = {n.name: n.device for n in graph_def.node}
+    return {n.name: [i for i in n.input if i.startswith("^") and
+                     device[i[1:]] != n.device] for n in graph_def.node}
+
+  before = remote_controls(placed)
+  assert max(len(v) for v in before.values()) > 1
+  ctx = PassContext.for_step(step)
+  result = PassManager("control", verify=run_and_compare(step, inputs)).run(
+      placed, ctx)
+  after = remote_controls(result.graph)
+  assert max(len(v) for v in after.values()) == 1
+  gates = [n for n in result.graph.node if "tfopt_control" in n.name]
+  assert gates and all(n.op == "NoOp" for n in gates)
+  saved = sum(map(len, before.values())) - sum(map(len, after.values()))
+  assert result.reports[0].note == (f"{saved} cross-device control messages "
+                                    f"saved")
+  assert result.reports[0].verified
+  # Ordering is kept: every gate waits for exactly the inputs it replaced.
+  for gate in gates:
+    owner = gate.name.split("/tfopt_control")[0]
+    assert set(gate.input) <= set(before[owner])
+  # Nothing to do on one device.
+  one = PassManager("control").run(step.graph_def, ctx)
+  assert not one.reports[0].changed

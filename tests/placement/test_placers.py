@@ -62,7 +62,7 @@ def test_auto_reports_every_candidate_and_picks_the_fastest():
   assert result.lower_bound_us == 7.0
   assert {c.placer for c in result.candidates} == {
       "single", "m-topo", "m-topo-fill", "m-etf", "m-sct", "m-topo-live",
-      "m-stage", "exact"}
+      "m-stage", "m-branch", "exact"}
   assert "<- chosen" in result.table()
 
 

@@ -104,7 +104,7 @@ def registered_passes() -> tuple[str, ...]:
 
 def _load_builtin_passes() -> None:
   # The built-in passes register themselves on import.
-  from tfopt.passes import fold, fuse, place, prune  # noqa: F401  pylint: disable=g-import-not-at-top,unused-import
+  from tfopt.passes import control, fold, fuse, place, prune  # noqa: F401  pylint: disable=g-import-not-at-top,unused-import
 
 
 def op_counts(graph_def: graph_pb2.GraphDef) -> collections.Counter:

@@ -8,6 +8,9 @@
     layer's forward ops, gradients, weights, slots and update together),
     checked by the simulator's liveness peaks: what parameter-heavy models
     need, where static accounting refuses every plan;
+  * m-branch: a network's parallel branches (towers, Inception paths) each
+    whole -- gradients, weights, slots and updates with it -- on a device
+    of its own, which the greedy list schedulers never find;
   * m-SCT (on graphs whose LP is cheap) and m-ETF, on all devices and, as
     "m-etf@k", on the first 2, 4, ... devices (greedy ETF spreads over every
     device it is given, which costs transfers);
@@ -41,6 +44,7 @@ from tfopt.graph.analysis import (format_bytes, live_memory_bound,
 from tfopt.graph.opgraph import OpGraph
 from tfopt.placement import exact as exact_placer
 from tfopt.placement.coarsen import coarsen as coarsen_graph
+from tfopt.placement.m_branch import m_branch
 from tfopt.placement.m_etf import m_etf
 from tfopt.placement.m_sct import favourite_children, m_sct
 from tfopt.placement.m_stage import m_stage
@@ -165,6 +169,7 @@ PLACERS: dict[str, Callable[[PlacementProblem], Placement]] = {
     "m-sct": _m_sct_feasibility_first,
     "m-topo-live": _m_topo_live,
     "m-stage": m_stage,
+    "m-branch": m_branch,
 }
 
 
@@ -180,7 +185,7 @@ def _auto_names(problem: PlacementProblem) -> tuple[str, ...]:
       subsets.append(f"m-etf@{k}")
     k *= 2
   sct = ("m-sct",) if len(problem.graph.edges) <= SCT_IN_AUTO_MAX_EDGES else ()
-  live = (("m-topo-live", "m-stage")
+  live = (("m-topo-live", "m-stage", "m-branch")
           if len(problem.graph) <= LIVE_IN_AUTO_MAX_OPS else ())
   return AUTO + sct + live + tuple(subsets)
 
@@ -343,8 +348,10 @@ def _coarse_attempts(problem: PlacementProblem, names, pins,
   overhead = time.perf_counter() - start
   out = []
   for name in names:
-    if name == "single":
-      continue  # identical to the original graph's single-device plan
+    if name in ("single", "m-branch"):
+      # single: identical to the original graph's plan; m-branch: it reads
+      # forward / backward roles, which coarse ops mix.
+      continue
     t0 = time.perf_counter()
     try:
       placement = coarsening.expand(_placer(name)(coarse_problem))

@@ -61,7 +61,7 @@ def positions(problem: PlacementProblem) -> dict[str, float]:
            for n in order}
   succs = {n: [e.dst for e in graph.out_edges(n) if not e.is_control]
            for n in order}
-  params = _parameter_like(problem, preds)
+  params = parameter_like(problem, preds)
   backward = {n for n in order if graph[n].backward and n not in params}
   after_grad = set(backward)
   for n in order:
@@ -90,7 +90,7 @@ def positions(problem: PlacementProblem) -> dict[str, float]:
   return pos
 
 
-def _parameter_like(problem: PlacementProblem, preds) -> set[str]:
+def parameter_like(problem: PlacementProblem, preds) -> set[str]:
   """Constants and variable handles (sources of those types, or sources
   without compute that are not fed) and what only they feed (variable
   reads, casts of weights)."""
