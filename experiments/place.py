@@ -13,7 +13,8 @@ portfolio. Expected on that command: m-sct/coarse chosen, 470.4 ms against
 makespan_us, single_device_us, lower_bound_us, peak_bytes, feasible);
 `--out=PLAN.json` writes {"placement": {op: device}, ...} for every op. The
 communication model defaults to the published GPU fit, 134 us + bytes /
-5.7 GB/s. `--memory_fraction` is a fraction of the graph's total memory
+5.7 GB/s; `--calibration=FILE` (from `python -m experiments.calibrate`)
+uses a machine's fitted link and core sharing instead. `--memory_fraction` is a fraction of the graph's total memory
 (persistent + temp + output bytes) per device.
 """
 
@@ -45,10 +46,21 @@ flags.DEFINE_float("headroom", 0.0, "Fraction of each cap kept free.")
 flags.DEFINE_float("comm_latency_us", PCIE_LATENCY_US, "Transfer latency.")
 flags.DEFINE_float("comm_bandwidth_gbps", PCIE_BANDWIDTH_GBPS,
                    "Transfer bandwidth, GB/s.")
+flags.DEFINE_string("calibration", None, "A calibration file (python -m "
+                    "experiments.calibrate): the devices' fitted link and "
+                    "core sharing instead of --comm_*.")
 flags.DEFINE_bool("json", False, "Print one JSON object.")
 flags.DEFINE_string("out", None, "Write the plan as JSON here.")
 flags.DEFINE_string("gantt", None, "Draw the schedule's Gantt chart (PNG).")
 flags.DEFINE_bool("overwrite", False, "Replace --out / --gantt if they exist.")
+
+
+def _load_calibration(path):
+  from tfopt.calibration import CalibrationError, load_calibration  # pylint: disable=g-import-not-at-top
+  try:
+    return load_calibration(path)
+  except (CalibrationError, FileNotFoundError) as err:
+    raise app.UsageError(f"--calibration: {err}") from None
 
 
 def main(argv):
@@ -74,6 +86,11 @@ def main(argv):
     cap = int(total_memory(graph, costs) * FLAGS.memory_fraction)
   comm = CommModel.uniform(FLAGS.comm_latency_us, FLAGS.comm_bandwidth_gbps)
   cluster = Cluster.uniform(FLAGS.devices, cap, comm=comm)
+  if FLAGS.calibration:
+    calibration = _load_calibration(FLAGS.calibration)
+    cluster = calibration.applied_to(cluster)
+    if not FLAGS.json:
+      print(calibration.describe())
   try:
     result = place(graph, cluster, costs, FLAGS.placer,
                    headroom=FLAGS.headroom)
@@ -109,10 +126,11 @@ def main(argv):
     return 0
   mb = lambda b: f"{b / 1e6:,.0f} MB"
   print(f"graph             {graph.name} ({len(graph)} ops)")
+  link = cluster.comm.default
   print(f"cluster           {FLAGS.devices} devices, cap "
         f"{'none' if cap is None else mb(cap)} each, comm "
-        f"{FLAGS.comm_latency_us:g} us + bytes / {FLAGS.comm_bandwidth_gbps:g}"
-        f" GB/s")
+        f"{link.latency_us:g} us + bytes / {link.bandwidth_gbps:g} GB/s"
+        + (" (calibrated)" if FLAGS.calibration else ""))
   print(f"placer            {result.placer}"
         + (f" (portfolio of {', '.join(c.placer for c in result.candidates)})"
            if FLAGS.placer == "auto" else ""))

@@ -52,8 +52,18 @@ flags.DEFINE_float("memory_fraction", 0.15, "Cap per device as a fraction of "
 flags.DEFINE_enum("placer", "auto", ["auto", "m-topo", "m-topo-fill", "m-etf",
                                      "m-sct", "exact", "single"],
                   "Placer of the place pass.")
-flags.DEFINE_string("pipeline", "prune,identity,fold,fuse,coarsen,place",
+flags.DEFINE_string("pipeline",
+                    "prune,identity,fold,fuse,coarsen,place,control",
                     "Pass pipeline.")
+flags.DEFINE_string("calibration", None, "A calibration file of logical "
+                    "devices (python -m experiments.calibrate "
+                    "--devices=logical:N): the placer's simulator uses its "
+                    "link and core sharing.")
+flags.DEFINE_enum("select", "simulated", ["simulated", "measured"],
+                  "Keep the portfolio's fastest predicted plan, or run the "
+                  "best few and one device and keep the fastest measured.")
+flags.DEFINE_integer("measure_steps", 5, "Timed steps per candidate and "
+                     "round with --select=measured.")
 flags.DEFINE_integer("steps", 3, "Placed training steps to run and compare.")
 flags.DEFINE_integer("processes", 0, "Also run the placed step across this "
                      "many server processes on loopback (0: skip).")
@@ -75,16 +85,18 @@ def main(argv):
   from tfopt.graph import capture_train_step
   from tfopt.graph.synthetic import total_memory
   from tfopt.passes import PassContext, PassManager, PassError
-  from tfopt.runtime import (LoopbackServers, calibrate, check_rewritten,
-                             compare_runs, compile_step, local_cluster,
-                             run_and_compare, run_steps, session_config)
+  from tfopt.runtime import (LoopbackServers, check_prediction, check_rewritten,
+                             compare_runs, compare_timeline, compile_step,
+                             local_cluster, measure_timeline, run_and_compare,
+                             run_steps, session_config)
   from tfopt.simulate.gantt import draw_gantt
 
   if not FLAGS.memory_fraction > 0:
     raise app.UsageError(f"--memory_fraction must be > 0. Received: "
                          f"{FLAGS.memory_fraction}")
   for name, value in (("devices", FLAGS.devices), ("steps", FLAGS.steps),
-                      ("batch_size", FLAGS.batch_size)):
+                      ("batch_size", FLAGS.batch_size),
+                      ("measure_steps", FLAGS.measure_steps)):
     if value <= 0:
       raise app.UsageError(f"--{name} must be positive. Received: {value}")
   os.makedirs(FLAGS.out_dir, exist_ok=True)
@@ -112,8 +124,17 @@ def main(argv):
                        progress=True)
   cap = int(total_memory(step.graph, costs) * FLAGS.memory_fraction)
   cluster = local_cluster(FLAGS.devices, cap)
+  if FLAGS.calibration:
+    calibration = _load_calibration(FLAGS.calibration)
+    cluster = calibration.applied_to(cluster)
+    print(calibration.describe())
   ctx = PassContext.for_step(step, costs=costs, cluster=cluster,
                              placer=FLAGS.placer)
+  if FLAGS.select == "measured":
+    from tfopt.runtime.select import measured_chooser  # pylint: disable=g-import-not-at-top
+    ctx.choose = measured_chooser(step, batches[0],
+                                  [d.name for d in cluster.devices],
+                                  steps=FLAGS.measure_steps)
   started = time.perf_counter()
   try:
     result = PassManager(FLAGS.pipeline,
@@ -133,6 +154,8 @@ def main(argv):
     print(f"chosen {plan.placer}: predicted {plan.makespan_us / 1e3:.2f} ms "
           f"vs single device {plan.single_device_us / 1e3:.2f} ms, lower "
           f"bound {plan.lower_bound_us / 1e3:.2f} ms")
+    if "selection" in ctx.results:
+      print(ctx.results["selection"].table())
 
   reference = run_steps(step, batches)
   ran, check = check_rewritten(step, batches, placed, reference=reference,
@@ -175,11 +198,14 @@ def main(argv):
   if not xla.compiled and FLAGS.devices > 1:
     single = compile_step(step, batches, graph_def=_unplaced(placed))
     print("on one device: " + single.summary())
-  calibration = calibrate(step, placed, costs, cluster, batches[0],
-                          fused=ctx.fused)
-  print(f"calibration: measured {calibration.measured_us / 1e3:.2f} ms vs "
-        f"simulated {calibration.predicted_us / 1e3:.2f} ms per step "
-        f"(ratio {calibration.ratio:.2f})")
+  prediction = check_prediction(step, placed, costs, cluster, batches[0],
+                                fused=ctx.fused)
+  print(f"\nprediction: measured {prediction.measured_us / 1e3:.2f} ms vs "
+        f"simulated {prediction.predicted_us / 1e3:.2f} ms per step "
+        f"(ratio {prediction.ratio:.2f}); one traced step beside its "
+        f"simulation:")
+  print(compare_timeline(prediction.schedule, measure_timeline(
+      step, placed, batches[0], [d.name for d in cluster.devices])).table())
 
   if plan is not None:
     draw_gantt(plan.schedule, outputs["gantt"], title=(
@@ -197,6 +223,14 @@ def main(argv):
                               overwrite=FLAGS.overwrite)
   print(report.summary())
   print(f"wrote {', '.join(outputs.values())}")
+
+
+def _load_calibration(path):
+  from tfopt.calibration import CalibrationError, load_calibration  # pylint: disable=g-import-not-at-top
+  try:
+    return load_calibration(path)
+  except (CalibrationError, FileNotFoundError) as err:
+    raise app.UsageError(f"--calibration: {err}") from None
 
 
 def _unplaced(graph_def):

@@ -80,6 +80,8 @@ class HookReport:
   costs_source: str = ""
   profiled_ops: int = 0
   costed_ops: int = 0
+  cluster_source: str = ""  # the calibration used, or the default model
+  selection: str = ""  # select="measured": the candidates' times
 
   def table(self) -> str:
     lines = [f"tfopt.compile: step for inputs {self.signature}",
@@ -97,6 +99,9 @@ class HookReport:
                    f"devices: {shares}")
       lines.append(f"costs: {self.profiled_ops} of {self.costed_ops} ops "
                    f"measured, the rest estimated; {self.costs_source}")
+      lines.append(f"cluster: {self.cluster_source}")
+      if self.selection:
+        lines.append(self.selection)
     where = (f"; {self.ops_verified} ops ran where planned"
              if self.placer is not None else " (one device)")
     lines.append(f"verified on the first batch: same loss and variable "
@@ -119,8 +124,13 @@ class _OptimizedTrainFunction:
                devices: Sequence[str] | None, memory_per_device: int | None,
                verbose: bool, xla: bool = False,
                pins: dict[str, int] | None = None,
-               cluster: dict[str, list[str]] | None = None):
+               cluster: dict[str, list[str]] | None = None,
+               calibration=None, select: str = "simulated",
+               measure_steps: int = 5):
     self.model = model
+    self.calibration = calibration
+    self.select = select
+    self.measure_steps = measure_steps
     self.xla = xla
     self.fusion = fusion
     self.placement = placement
@@ -152,7 +162,8 @@ class _OptimizedTrainFunction:
   def _pipeline(self) -> str:
     fuse = self.fusion and not self.xla  # XLA fuses; _Fused* have no kernel
     return ",".join([PIPELINE_BASE] + (["fuse"] if fuse else []) +
-                    (["coarsen", "place"] if self.placement else []))
+                    (["coarsen", "place", "control"] if self.placement
+                     else []))
 
   def _build(self, x, y, key):
     import tensorflow as tf  # pylint: disable=g-import-not-at-top
@@ -169,6 +180,11 @@ class _OptimizedTrainFunction:
       ctx.placer = self.placement
       ctx.pins = self._pins(step)
       ctx.costs = self._costs(step, key, inputs, ctx)
+      if self.select == "measured":
+        from tfopt.runtime.select import measured_chooser  # pylint: disable=g-import-not-at-top
+        ctx.choose = measured_chooser(
+            step, inputs, self.devices, steps=self.measure_steps,
+            target=self._devices_target())
     result = self._run_pipeline(pipeline, step, ctx)
     graph = result.graph
     # The check: the rewritten step computes what the original computes, on
@@ -188,6 +204,8 @@ class _OptimizedTrainFunction:
     variables = self._variables_by_name(step)
     if plan is not None:
       self._report_plan(report, plan, graph, step, ctx.costs)
+      if "selection" in ctx.results:
+        report.selection = ctx.results["selection"].table()
       # Checked: the model's own variables now follow the plan.
       self._move_variables(step, graph)
     self.reports[key] = report
@@ -233,6 +251,12 @@ class _OptimizedTrainFunction:
       refused.refusal = why  # the numbers, and .message() without the rest
       raise refused from err
 
+  def _devices_target(self) -> str:
+    """The session target for the devices given ("" for this process's)."""
+    from tfopt.runtime.remote import is_remote, session_target  # pylint: disable=g-import-not-at-top
+    remote = next((d for d in self.devices if is_remote(d)), None)
+    return "" if remote is None else session_target(self.cluster_spec, remote)
+
   def _target(self, graph_def) -> str:
     """The session target for a graph placed on tasks of a cluster."""
     from tfopt.runtime.remote import is_remote, session_target  # pylint: disable=g-import-not-at-top
@@ -253,16 +277,23 @@ class _OptimizedTrainFunction:
     report.costs_source = getattr(costs, "source", "")
     report.profiled_ops = sum(1 for c in costs.values() if c.profiled)
     report.costed_ops = len(costs)
+    report.cluster_source = (
+        self.calibration.describe() if self.calibration is not None else
+        "not calibrated: Baechi's PCIe-like link, devices computing apart "
+        "(experiments.calibrate fits this machine's)")
 
   def _cluster(self):
     """The devices as a Cluster; each device's type from its string (a
     placer keeps CPU-only ops off GPUs)."""
     import tensorflow as tf  # pylint: disable=g-import-not-at-top
     from tfopt.cluster import Cluster, Device  # pylint: disable=g-import-not-at-top
-    return Cluster(tuple(
+    cluster = Cluster(tuple(
         Device(d, (tf.DeviceSpec.from_string(d).device_type or
                    "CPU").upper(), self.memory_per_device)
         for d in self.devices))
+    if self.calibration is not None:
+      cluster = self.calibration.applied_to(cluster)
+    return cluster
 
   def _pins(self, step) -> dict[str, int]:
     """What the placer must keep (see tfopt.compile_placement): the user's
@@ -287,10 +318,13 @@ class _OptimizedTrainFunction:
     if local and fits_one_device(step, self.memory_per_device):
       cache[key] = profile_step(step, inputs=inputs)
       return cache[key]
-    first = dataclasses.replace(ctx, costs=None, results={})
+    first = dataclasses.replace(ctx, costs=None, results={}, choose=None)
     plan = self._run_pipeline(self._pipeline(), step, first).graph
+    cores = (None if self.calibration is None else
+             self.calibration.cores_per_device)
     cache[key] = profile_step(step, inputs=inputs, graph_def=plan,
-                              target=self._target(plan))
+                              target=self._target(plan),
+                              cores_per_device=cores)
     return cache[key]
 
   def _move_variables(self, step, graph) -> None:
@@ -400,7 +434,8 @@ def compile(model, *, fusion: bool = True,  # pylint: disable=redefined-builtin
             devices: Sequence[str] | None = None,
             memory_per_device: int | None = None, verbose: bool = True,
             pins: dict | None = None, cluster: Any = None,
-            **compile_kwargs):
+            calibration: Any = None, select: str = "simulated",
+            measure_steps: int = 5, **compile_kwargs):
   """Compiles `model` with Keras and installs tfopt's optimized train step.
 
   Args:
@@ -423,6 +458,17 @@ def compile(model, *, fusion: bool = True,  # pylint: disable=redefined-builtin
       ...]} (`LoopbackServers.spec`), a `tf.train.ClusterSpec`, a
       TF_CONFIG-style dict or JSON string; None reads `TF_CONFIG` when the
       devices name tasks.
+    calibration: a calibration file's path (`python -m
+      experiments.calibrate`) or a `tfopt.calibration.Calibration`: the
+      devices' fitted link and core sharing, which the placer's simulator
+      uses (default: Baechi's PCIe-like link, devices computing apart). A
+      file from another machine or TensorFlow is refused; a stale one is
+      named so in the report.
+    select: "simulated" (the portfolio's fastest predicted plan) or
+      "measured": the best few plans and one device (where it fits) run
+      `measure_steps` steps each on the devices, the fastest measured wins;
+      the report shows predicted and measured times.
+    measure_steps: timed steps per candidate and round with "measured".
     verbose: print the report when a step is built.
     **compile_kwargs: Keras' `model.compile` arguments (optimizer, loss,
       metrics, ...), with their usual meaning; `jit_compile=True` marks the
@@ -455,13 +501,18 @@ def compile(model, *, fusion: bool = True,  # pylint: disable=redefined-builtin
                              placement)
     spec = _connect_cluster(devices, cluster)
     _check_devices(devices)
-    from tfopt.compile_placement import check_pins  # pylint: disable=g-import-not-at-top
+    from tfopt.compile_placement import check_pins, check_selection  # pylint: disable=g-import-not-at-top
     pins = check_pins(pins, list(devices))
-  elif devices or pins or cluster is not None:
-    name, value = next((n, v) for n, v in (
-        ("devices", devices), ("pins", pins), ("cluster", cluster))
-                       if v or (n == "cluster" and v is not None))
-    raise invalid_argument(name, "given only with `placement`", value)
+    calibration = check_selection(calibration, select, measure_steps)
+  else:
+    given = ([(n, v) for n, v in (("devices", devices), ("pins", pins)) if v]
+             + [(n, v) for n, v in (("cluster", cluster),
+                                    ("calibration", calibration))
+                if v is not None]
+             + ([("select", select)] if select != "simulated" else []))
+    if given:
+      raise invalid_argument(given[0][0], "given only with `placement`",
+                             given[0][1])
   if memory_per_device is not None and (
       isinstance(memory_per_device, bool) or
       not isinstance(memory_per_device, int) or memory_per_device <= 0):
@@ -481,7 +532,8 @@ def compile(model, *, fusion: bool = True,  # pylint: disable=redefined-builtin
         model, fusion=fusion, placement=placement, devices=devices,
         memory_per_device=memory_per_device, verbose=verbose,
         xla=jit is True, pins=pins if placement else None,
-        cluster=spec if placement else None)
+        cluster=spec if placement else None, calibration=calibration,
+        select=select, measure_steps=measure_steps)
     # Keras' fit calls make_train_function(), which keeps a function that is
     # already set; compile() resets it, which removes the hook.
     model.train_function = hook

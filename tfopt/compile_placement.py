@@ -62,6 +62,30 @@ def check_pins(pins, devices: Sequence[str]) -> dict[str, int]:
   return out
 
 
+def check_selection(calibration, select, measure_steps):
+  """The calibration (loaded from a path, checked to belong here), with
+  `select` and `measure_steps` checked (compile time)."""
+  from tfopt.calibration import Calibration, check_here, load_calibration  # pylint: disable=g-import-not-at-top
+  from tfopt.runtime.select import SELECTS  # pylint: disable=g-import-not-at-top
+  if select not in SELECTS:
+    raise invalid_argument("select", f"one of {list(SELECTS)}", select)
+  if select == "measured" and (isinstance(measure_steps, bool) or
+                               not isinstance(measure_steps, int) or
+                               measure_steps <= 0):
+    raise invalid_argument("measure_steps", "a positive integer with "
+                           "select='measured' (steps timed per candidate)",
+                           measure_steps)
+  if calibration is None or isinstance(calibration, Calibration):
+    if calibration is not None:
+      check_here(calibration)
+    return calibration
+  if isinstance(calibration, (str, bytes)) or hasattr(calibration,
+                                                      "__fspath__"):
+    return load_calibration(calibration)
+  raise invalid_argument("calibration", "a calibration file's path or a "
+                         "tfopt.calibration.Calibration", calibration)
+
+
 def resolve_pins(model, pins: Mapping[str, int]) -> dict[int, int]:
   """{id(Keras variable): device index} for the user's pins."""
   by_path = {}

@@ -14,7 +14,7 @@ from tfopt import zoo
 from tfopt.cost.profile import profile_step
 from tfopt.graph import capture_train_step
 from tfopt.passes import PassContext, PassError, PassManager, apply_placement
-from tfopt.runtime import (LoopbackServers, actual_devices, calibrate,
+from tfopt.runtime import (LoopbackServers, actual_devices, check_prediction,
                            compare_runs, compile_step, local_cluster,
                            run_steps, session_config, verify_devices)
 from tfopt.scale.launch import _proc_state
@@ -85,17 +85,17 @@ def test_xla_on_one_device_compiles_and_computes_the_same(cnn):
   assert "not compiled" in report.summary()
 
 
-def test_calibration_measures_and_predicts(cnn):
+def test_prediction_is_measured_beside_the_simulation(cnn):
   step, batches, costs = cnn
   cluster = local_cluster(2)
   graph, ctx = _placed(step, costs, cluster)
-  cal = calibrate(step, graph, costs, cluster, batches[0], repeats=3,
-                  warmup=1, fused=ctx.fused)
+  cal = check_prediction(step, graph, costs, cluster, batches[0], repeats=3,
+                         warmup=1, fused=ctx.fused)
   predicted = ctx.results["placement"].makespan_us
   assert cal.predicted_us == pytest.approx(predicted, rel=1e-9)
   assert 0 < cal.measured_us < 10e6 and np.isfinite(cal.ratio)
   with pytest.raises(ValueError, match="repeats"):
-    calibrate(step, graph, costs, cluster, batches[0], repeats=0)
+    check_prediction(step, graph, costs, cluster, batches[0], repeats=0)
 
 
 @pytest.mark.slow

@@ -88,12 +88,7 @@ def measure_transfer_times(sizes: Sequence[int] = DEFAULT_SIZES, *,
           pair.append(tf.gather(value, [0]))
       fetches.append(pair)
     init = tf.compat.v1.global_variables_initializer()
-  if config is None:
-    config = tf.compat.v1.ConfigProto()
-  config.allow_soft_placement = False
-  config.graph_options.rewrite_options.disable_meta_optimizer = True
-  config.graph_options.optimizer_options.opt_level = (
-      tf.compat.v1.OptimizerOptions.L0)
+  config = _plain_config(config)
   results = []
   with tf.compat.v1.Session(target, graph=graph, config=config) as session:
     session.run(init)
@@ -117,3 +112,59 @@ def measure_comm_model(sizes: Sequence[int] = DEFAULT_SIZES, *,
     raise RuntimeError(f"Too few transfers measured above noise to fit a "
                        f"model: {points}")
   return fit_comm_model([b for b, _ in usable], [t for _, t in usable]), points
+
+
+def measure_concurrent_transfers(counts: Sequence[int] = (1, 2, 4, 8, 16), *,
+                                 src_device: str, dst_device: str,
+                                 target: str = "", repeats: int = 7,
+                                 config: tf.compat.v1.ConfigProto | None = None
+                                 ) -> list[tuple[int, float]]:
+  """(n, microseconds) for n small tensors sent from `src` to `dst` at once.
+
+  Each batch is n 4-byte variables read on `src` and all consumed by one
+  op on `dst`; its time is the median step time minus the same step with
+  the reads on `dst` (no transfer). `fit_overhead` turns these into the
+  channel overhead per transfer: how far transfers overlap.
+  """
+  check_positive_int("repeats", repeats)
+  counts = list(counts)
+  if len(counts) < 2 or any(isinstance(n, bool) or not isinstance(n, int) or
+                            n <= 0 for n in counts):
+    raise invalid_argument("counts", "at least two positive integers", counts)
+  graph = tf.Graph()
+  fetches = []
+  with graph.as_default():
+    for n in counts:
+      pair = []
+      for producer in (src_device, dst_device):
+        values = []
+        for i in range(n):
+          with tf.device(producer):
+            var = tf.Variable(tf.zeros([1]), name=f"scalar_{n}_{i}")
+            values.append(var.read_value())
+        with tf.device(dst_device):
+          pair.append(tf.add_n(values) if n > 1 else tf.identity(values[0]))
+      fetches.append(pair)
+    init = tf.compat.v1.global_variables_initializer()
+  config = _plain_config(config)
+  results = []
+  with tf.compat.v1.Session(target, graph=graph, config=config) as session:
+    session.run(init)
+    for n, (remote, local) in zip(counts, fetches):
+      delta = _timed(session, remote, repeats) - _timed(session, local,
+                                                        repeats)
+      results.append((n, max(0.0, delta)))
+  return results
+
+
+def _plain_config(config):
+  """The session config for measurements: as given, no soft placement,
+  no graph rewrites (the ops measured are the ones built)."""
+  out = tf.compat.v1.ConfigProto()
+  if config is not None:
+    out.CopyFrom(config)
+  out.allow_soft_placement = False
+  out.graph_options.rewrite_options.disable_meta_optimizer = True
+  out.graph_options.optimizer_options.opt_level = (
+      tf.compat.v1.OptimizerOptions.L0)
+  return out

@@ -52,16 +52,71 @@ def _node_temp_bytes(ns) -> int:
   return max(0, allocated - outputs)
 
 
-def _read_step_stats(run_metadata) -> dict[str, tuple[float, int, int]]:
-  """op name -> (time us, temp bytes, persistent bytes) for one run."""
+def _read_step_stats(run_metadata, cores: int | None = None,
+                     ops=None) -> dict[str, tuple[float, int, int]]:
+  """op name -> (time us, temp bytes, persistent bytes) for one run.
+
+  With `cores`, each device computes on that many cores and ops of `ops`
+  that overlapped in time on one device shared them: an op's time is its
+  share (`shared_times`), not its wall interval."""
   stats: dict[str, tuple[float, int, int]] = {}
   for dev in run_metadata.step_stats.dev_stats:
+    shared = (shared_times(dev.node_stats, cores, ops) if cores is not None
+              else {})
     for ns in dev.node_stats:
       t, temp, pers = stats.get(ns.node_name, (0.0, 0, 0))
+      took = shared.get(ns.node_name, _node_time_us(ns))
       stats[ns.node_name] = (
-          t + _node_time_us(ns), max(temp, _node_temp_bytes(ns)),
+          t + took, max(temp, _node_temp_bytes(ns)),
           max(pers, ns.memory_stats.persistent_memory_size))
   return stats
+
+
+def shared_times(node_stats, cores: int, ops=None) -> dict[str, float]:
+  """Per op, the microseconds of `cores` cores it had: while n ops ran at
+  once on the device, each had min(1, cores / n) of its wall time (the
+  simulator's sharing model, inverted). A server task pinned to one core
+  with two inter-op threads runs two ops side by side at half speed each:
+  their wall intervals double-count the core. Only ops of `ops` (None: all
+  with a kernel time) count as running: a Recv waiting for a tensor does
+  not use the core.
+
+  >>> from types import SimpleNamespace as N
+  >>> a = N(node_name="a", all_start_nanos=0, op_start_rel_nanos=0,
+  ...       op_end_rel_nanos=4000)
+  >>> b = N(node_name="b", all_start_nanos=2000, op_start_rel_nanos=0,
+  ...       op_end_rel_nanos=4000)
+  >>> shared_times([a, b], 1)   # 2 us alone, then 2 us at half speed each
+  {'a': 3.0, 'b': 3.0}
+  """
+  spans = []
+  for ns in node_stats:
+    if not ns.op_end_rel_nanos or (ops is not None and
+                                   ns.node_name not in ops):
+      continue  # no kernel time (an RPC record), or not an op of the step
+    begin = ns.all_start_nanos + ns.op_start_rel_nanos
+    end = ns.all_start_nanos + ns.op_end_rel_nanos
+    if end > begin:
+      spans.append((begin, end, ns.node_name))
+  events = sorted([(b, 1, k) for k, (b, _, _) in enumerate(spans)] +
+                  [(e, -1, k) for k, (_, e, _) in enumerate(spans)])
+  share = [0.0] * len(spans)
+  active: set[int] = set()
+  last = None
+  for when, kind, k in events:
+    if active and when > last:
+      rate = min(1.0, cores / len(active))
+      for j in active:
+        share[j] += (when - last) * rate
+    last = when
+    if kind > 0:
+      active.add(k)
+    else:
+      active.discard(k)
+  out: dict[str, float] = {}
+  for (_, _, name), ns in zip(spans, share):
+    out[name] = out.get(name, 0.0) + ns / 1e3
+  return out
 
 
 def profile_step(step: CapturedStep, *,
@@ -69,7 +124,8 @@ def profile_step(step: CapturedStep, *,
                  warmup: int = 2, inter_op_threads: int = 1,
                  fallback: analytic.DeviceSpec = analytic.CPU,
                  progress: bool = False, graph_def=None,
-                 target: str = "") -> CostModel:
+                 target: str = "", cores_per_device: int | None = None
+                 ) -> CostModel:
   """Measures every op of `step` on this machine.
 
   Args:
@@ -85,6 +141,10 @@ def profile_step(step: CapturedStep, *,
       is profiled under a first plan on the devices it will run on. The
       costs are then keyed by its node names.
     target: a session target for server processes ("" = in-process).
+    cores_per_device: the cores each device computes on, when ops that run
+      side by side on a device share them (a server task pinned to one core
+      with two inter-op threads, `Calibration.cores_per_device`): each op's
+      time is then its share of those cores, not its wall interval.
 
   The captured variables are copied into the profiling session; the model's
   own variables are not changed.
@@ -104,6 +164,9 @@ def profile_step(step: CapturedStep, *,
   if graph_def is not None:
     config = session_config(inter_op_threads=inter_op_threads,
                             device_count=local_device_count(graph_def))
+  graph = step.graph if graph_def is None else opgraph_from_graphdef(
+      graph_def, batch_size=step.batch_size, inline=False)
+  op_names = {op.name for op in graph.ops}
   with StepSession(step, config=config, graph_def=graph_def,
                    target=target) as session:
     for i in range(warmup):
@@ -124,14 +187,13 @@ def profile_step(step: CapturedStep, *,
                for node in partition.node}
       else:
         session.run(inputs, options=options, run_metadata=metadata)
-      for name, (t, temp, pers) in _read_step_stats(metadata).items():
+      for name, (t, temp, pers) in _read_step_stats(
+          metadata, cores_per_device, op_names).items():
         samples.setdefault(name, []).append(t)
         temps.setdefault(name, []).append(temp)
         persistent[name] = max(persistent.get(name, 0), pers)
       if bar:
         bar.update(warmup + i + 1)
-  graph = step.graph if graph_def is None else opgraph_from_graphdef(
-      graph_def, batch_size=step.batch_size, inline=False)
   fed = set(step.input_names)
   costs = {}
   for op in graph.ops:
@@ -157,5 +219,6 @@ def profile_step(step: CapturedStep, *,
            f"of a first plan")
   return CostModel(costs, source=(
       f"profiled on this machine ({where}): median of {steps} traced steps "
-      f"after {warmup} warm-up, inter_op_threads={inter_op_threads}, TF "
-      f"{tf.__version__}"))
+      f"after {warmup} warm-up, inter_op_threads={inter_op_threads}"
+      + (f", shared among {cores_per_device} core(s) per device"
+         if cores_per_device else "") + f", TF {tf.__version__}"))

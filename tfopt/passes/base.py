@@ -44,6 +44,11 @@ class PassContext:
     placement: a ready Placement; the placement pass then only writes it.
     pins: op name -> device index the placer must keep (its colocation
       group follows), e.g. each variable on the device it lives on.
+    choose: optional `choose(placed_graph_def, placement_result)` ->
+      (placement_result, report): the place pass lets it pick the plan
+      among the portfolio's candidates (e.g. by measuring them:
+      `tfopt.runtime.select.measured_chooser`); its report lands in
+      `results["selection"]`.
     coarsen: set by the coarsen pass: placement also tries coarse graphs.
     fused: set by the fusion pass: fused node -> the nodes it replaced, so
       the fused op's cost is its members' sum.
@@ -56,6 +61,7 @@ class PassContext:
   placer: str = "auto"
   placement: Mapping[str, int] | None = None
   pins: Mapping[str, int] | None = None
+  choose: Callable | None = None
   coarsen: bool = False
   fused: dict[str, tuple[str, ...]] = dataclasses.field(default_factory=dict)
   results: dict[str, object] = dataclasses.field(default_factory=dict)

@@ -166,7 +166,8 @@ def place_pass(graph_def: graph_pb2.GraphDef, ctx: PassContext) -> PassResult:
 
   Uses `ctx.placement` when given; otherwise runs `tfopt.placement.place`
   with `ctx.placer` on the current graph's costs (`ctx.results["placement"]`
-  holds the PlacementResult).
+  holds the PlacementResult) and, with `ctx.choose`, lets it pick among the
+  candidates (by measurement: `ctx.results["selection"]`).
   """
   if ctx.cluster is None:
     raise invalid_argument("ctx.cluster", "a tfopt.Cluster for pass 'place'",
@@ -178,7 +179,12 @@ def place_pass(graph_def: graph_pb2.GraphDef, ctx: PassContext) -> PassResult:
                    pins=ctx.pins, coarsen=True if ctx.coarsen else None)
     ctx.results["placement"] = result
     placement = result.placement
-  out = apply_placement(graph_def, placement,
-                        [d.name for d in ctx.cluster.devices], graph=graph)
+  names = [d.name for d in ctx.cluster.devices]
+  out = apply_placement(graph_def, placement, names, graph=graph)
+  if ctx.placement is None and ctx.choose is not None:
+    result, ctx.results["selection"] = ctx.choose(out, result)
+    ctx.results["placement"] = result
+    placement = result.placement
+    out = apply_placement(graph_def, placement, names, graph=graph)
   used = sorted(set(placement[n.name] for n in graph_def.node))
   return PassResult(out, True, f"on devices {used}")

@@ -3,8 +3,10 @@
 actual-device verification (placed.py, processes.py), OS memory caps and
 measured peaks (caps.py, memory.py), tasks of a cluster as devices of this
 process (remote.py), a Keras model's variables moved onto planned devices
-(variables.py), XLA per device (xla.py), and the simulator's calibration
-(calibration.py)."""
+(variables.py), XLA per device (xla.py), the simulator's prediction against
+the clock (prediction.py), what a placed step really did op by op
+(timeline.py), and the fit of a cluster's link and core sharing
+(fit_cluster.py; saved by tfopt.calibration)."""
 
 from tfopt._lazy import lazy_getattr
 
@@ -30,8 +32,15 @@ _LAZY = {
     "XlaReport": "tfopt.runtime.xla",
     "compile_step": "tfopt.runtime.xla",
     "mark_for_xla": "tfopt.runtime.xla",
-    "Calibration": "tfopt.runtime.calibration",
-    "calibrate": "tfopt.runtime.calibration",
+    "Prediction": "tfopt.runtime.prediction",
+    "check_prediction": "tfopt.runtime.prediction",
+    "fit_cluster": "tfopt.runtime.fit_cluster",
+    "MeasuredStep": "tfopt.runtime.timeline",
+    "TimelineComparison": "tfopt.runtime.timeline",
+    "compare_timeline": "tfopt.runtime.timeline",
+    "measure_timeline": "tfopt.runtime.timeline",
+    "read_timeline": "tfopt.runtime.timeline",
+    "pinned_cpus": "tfopt.runtime.processes",
 }
 
 __getattr__ = lazy_getattr("tfopt.runtime", _LAZY)

@@ -1,11 +1,12 @@
-"""Calibration: the simulator's predicted step time against the measured one.
+"""The simulator's predicted step time against the measured one.
 
-`calibrate` runs a placed step for real (in-process logical devices or
-server processes), takes the median wall time of a `session.run` after a
+`check_prediction` runs a placed step for real (in-process logical devices
+or server processes), takes the median wall time of a `session.run` after a
 warm-up, and simulates the same placement with the given costs and cluster
-(whose CommModel may come from `measure_comm_model` on the same devices).
-The ratio measured / predicted is what the simulator is worth on this
-machine; it is reported as measured, whatever it is.
+(whose link and core sharing may come from a calibration of the same
+devices, `tfopt.calibration`). The ratio measured / predicted is what the
+simulator is worth on this machine; it is reported as measured, whatever it
+is.
 """
 
 from __future__ import annotations
@@ -24,11 +25,13 @@ from tfopt.simulate.simulator import simulate
 
 
 @dataclasses.dataclass(frozen=True)
-class Calibration:
+class Prediction:
   """Predicted vs measured time of one placed step."""
   predicted_us: float
   measured_us: float
   devices_used: int
+  schedule: object = dataclasses.field(default=None, repr=False,
+                                       compare=False)  # the simulated step
 
   @property
   def ratio(self) -> float:
@@ -44,10 +47,10 @@ def placement_of(graph_def, device_names: Sequence[str]) -> dict[str, int]:
   return {n.name: index.get(n.device, 0) for n in graph_def.node}
 
 
-def calibrate(step, placed_graph_def, costs, cluster,
+def check_prediction(step, placed_graph_def, costs, cluster,
               inputs: Sequence[np.ndarray], *, repeats: int = 10,
               warmup: int = 3, fused=None, target: str = "",
-              config=None) -> Calibration:
+              config=None) -> Prediction:
   """Measures the placed step and simulates it (see module doc).
 
   `fused` is the PassContext.fused map when the graph was fused, so fused
@@ -63,5 +66,5 @@ def calibrate(step, placed_graph_def, costs, cluster,
   schedule = simulate(graph, placement, step_costs(graph, ctx), cluster)
   run = run_steps(step, [inputs] * repeats, graph_def=placed_graph_def,
                   warmup=warmup, target=target, config=config)
-  return Calibration(schedule.makespan_us, run.median_step_seconds * 1e6,
-                     len(set(placement.values())))
+  return Prediction(schedule.makespan_us, run.median_step_seconds * 1e6,
+                    len(set(placement.values())), schedule)

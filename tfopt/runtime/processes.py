@@ -16,7 +16,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 
 from tfopt._errors import check_positive_int, invalid_argument
 from tfopt._net import free_ports
@@ -37,6 +37,38 @@ def _task_counts(num_tasks, job: str) -> dict[str, int]:
     return dict(num_tasks)
   check_positive_int("num_tasks", num_tasks)
   return {job: num_tasks}
+
+
+def pinned_cpus(num_tasks: int) -> list[list[int]]:
+  """One core per task, the cores this process may use in order: what
+  `LoopbackServers(n, cpus=pinned_cpus(n), intra_op_threads=1)` pins. Raises
+  ValueError when there are fewer cores than tasks."""
+  check_positive_int("num_tasks", num_tasks)
+  cores = sorted(os.sched_getaffinity(0))
+  if num_tasks > len(cores):
+    raise invalid_argument("num_tasks", f"at most the {len(cores)} cores this "
+                           f"process may use ({cores}), one per pinned task",
+                           num_tasks)
+  return [[c] for c in cores[:num_tasks]]
+
+
+def _check_cpus(cpus, num_tasks: int) -> list[list[int]] | None:
+  if cpus is None:
+    return None
+  usable = os.sched_getaffinity(0)
+  try:
+    out = [sorted({int(c) for c in cores}) for cores in cpus]
+  except (TypeError, ValueError):
+    out = None
+  if out is None or len(out) != num_tasks or not all(out) or any(
+      isinstance(c, bool) for cores in cpus for c in cores):
+    raise invalid_argument("cpus", f"one non-empty list of core numbers per "
+                           f"task ({num_tasks} tasks)", cpus)
+  outside = sorted({c for cores in out for c in cores} - usable)
+  if outside:
+    raise invalid_argument("cpus", f"cores this process may use "
+                           f"({sorted(usable)}); not {outside}", cpus)
+  return out
 
 
 def _accepts(port: int) -> bool:
@@ -64,7 +96,10 @@ class LoopbackServers:
   def __init__(self, num_tasks: int | Mapping[str, int], *,
                job: str = "worker", start_timeout: float = 120.0,
                log_dir: str | None = None,
-               memory_limit_bytes: int | None = None):
+               memory_limit_bytes: int | None = None,
+               cpus: Sequence[Sequence[int]] | None = None,
+               intra_op_threads: int | None = None,
+               inter_op_threads: int | None = None):
     """Args:
       num_tasks: a task count for `job`, or {job: task count}.
       job: the job name for an int `num_tasks`.
@@ -74,6 +109,14 @@ class LoopbackServers:
         grow after start-up (a memory cgroup per task, see
         `tfopt.runtime.caps`); a task over it is killed by the kernel.
         None: uncapped. Raises PermissionError where caps cannot be set.
+      cpus: per task, the cores its process is pinned to (e.g. `[[0], [1]]`,
+        or `pinned_cpus(n)`): tasks on disjoint cores compute apart from
+        each other, unlike logical devices of one process. None: unpinned.
+      intra_op_threads, inter_op_threads: each task's thread pools (None:
+        TensorFlow's default, one per core the task may use). A pinned task
+        with one intra-op thread is one core's worth of device; give it two
+        inter-op threads when it exchanges tensors with other tasks (with
+        one, a Send waits behind the op running, and its peer idles).
     """
     if memory_limit_bytes is not None:
       check_positive_int("memory_limit_bytes", memory_limit_bytes)
@@ -83,6 +126,14 @@ class LoopbackServers:
                               f"cgroups: {reason}. Received: "
                               f"memory_limit_bytes={memory_limit_bytes}")
     counts = _task_counts(num_tasks, job)
+    total = sum(counts.values())
+    self.cpus = _check_cpus(cpus, total)
+    for name, value in (("intra_op_threads", intra_op_threads),
+                        ("inter_op_threads", inter_op_threads)):
+      if value is not None:
+        check_positive_int(name, value)
+    self.intra_op_threads = intra_op_threads
+    self.inter_op_threads = inter_op_threads
     self.memory_limit_bytes = memory_limit_bytes
     self.caps: list[caps.MemoryCap] = []
     self._peaks: list[caps.ProcessPeak] = []
@@ -104,14 +155,14 @@ class LoopbackServers:
     self._procs = []
     self._logs = []
     try:
-      for name, i in self.tasks:
+      for k, (name, i) in enumerate(self.tasks):
         log = (open(os.path.join(log_dir, f"{name}{i}.log"), "wb")
                if log_dir else subprocess.DEVNULL)
         self._logs.append(log)
         self._procs.append(subprocess.Popen(
             [sys.executable, "-m", "tfopt.runtime.server",
              f"--cluster={json.dumps(spec)}", f"--job={name}", f"--task={i}",
-             f"--parent={os.getpid()}"],
+             f"--parent={os.getpid()}"] + self._task_flags(k),
             stdout=log, stderr=subprocess.STDOUT, env=env))
       deadline = time.monotonic() + start_timeout
       waiting = list(range(len(self.tasks)))
@@ -138,6 +189,28 @@ class LoopbackServers:
     except BaseException:
       self.close()
       raise
+
+  def _task_flags(self, k: int) -> list[str]:
+    flags = []
+    if self.cpus is not None:
+      flags.append("--cpus=" + ",".join(str(c) for c in self.cpus[k]))
+    if self.intra_op_threads is not None:
+      flags.append(f"--intra_op_threads={self.intra_op_threads}")
+    if self.inter_op_threads is not None:
+      flags.append(f"--inter_op_threads={self.inter_op_threads}")
+    return flags
+
+  @property
+  def pinned(self) -> bool:
+    """Whether every task has cores no other task uses."""
+    if self.cpus is None:
+      return False
+    seen: set[int] = set()
+    for cores in self.cpus:
+      if seen & set(cores):
+        return False
+      seen |= set(cores)
+    return True
 
   @property
   def target(self) -> str:

@@ -1,0 +1,94 @@
+"""Fit the simulator's cluster model on this machine and save it.
+
+    python -m experiments.calibrate --devices=logical:2 \
+        --out=/tmp/calibration.json
+
+`--devices=KIND:N` names the devices: `logical` (N logical CPU devices of
+one process), `processes` (N server processes on loopback) or `pinned` (N
+server processes, each pinned to a core of its own, one intra-op thread).
+It measures tensor copies of 1 B to 64 MiB between two of them (latency and
+bandwidth), batches of small copies issued together (the overhead that
+holds the channels: how far transfers overlap) and chains of MatMuls on one
+and on two devices at once (whether they share cores, and how well), prints
+the fit with its residuals, and writes a `tfopt.calibration/1` file that
+`experiments.place --calibration`, `experiments.run_placed --calibration`,
+`tfopt.compile(calibration=...)` and `benchmarks.runtime` read.
+
+Expected on the command above (2-core VM, about 10 s): a hand-over of about
+5-20 us with no bandwidth term, an overhead of a few us, shared cores with
+a capacity of 1.1-1.7. `--devices=processes:2`: about 500-800 us + bytes /
+~1 GB/s, 20-60 us of overhead (transfers overlap), capacity 1.1-1.4.
+`--devices=pinned:2`: a similar link, each task on its own core.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+from absl import app, flags  # noqa: E402
+
+from experiments._config import apply_config, define_config_flag  # noqa: E402
+
+FLAGS = flags.FLAGS
+define_config_flag()
+flags.DEFINE_string("devices", "logical:2", "KIND:N with KIND logical, "
+                    "processes or pinned, N >= 2.")
+flags.DEFINE_integer("repeats", 5, "Timed runs per measurement (median).")
+flags.DEFINE_string("out", "calibration.json", "The calibration file.")
+flags.DEFINE_bool("overwrite", False, "Replace --out if it exists.")
+flags.DEFINE_bool("json", False, "Print the file's JSON instead of the "
+                  "summary.")
+
+
+def parse_devices(text: str) -> tuple[str, int]:
+  """("kind", n) from "kind:n"; app.UsageError says what is wrong."""
+  from tfopt.calibration import KINDS  # pylint: disable=g-import-not-at-top
+  kind, _, count = (text or "").partition(":")
+  if kind not in KINDS or not count.isdigit() or int(count) < 2:
+    raise app.UsageError(f"--devices must be KIND:N with KIND one of "
+                         f"{list(KINDS)} and N >= 2. Received: {text!r}")
+  return kind, int(count)
+
+
+def main(argv):
+  del argv
+  apply_config()
+  kind, count = parse_devices(FLAGS.devices)
+  if FLAGS.repeats <= 0:
+    raise app.UsageError(f"--repeats must be positive. Received: "
+                         f"{FLAGS.repeats}")
+  if os.path.exists(FLAGS.out) and not FLAGS.overwrite:
+    raise app.UsageError(f"{FLAGS.out} exists; pass --overwrite to replace "
+                         f"it.")
+  import tfopt  # noqa: F401  pylint: disable=g-import-not-at-top,unused-import
+  from tfopt.runtime.fit_cluster import fit_cluster  # pylint: disable=g-import-not-at-top
+  if kind == "pinned" and count > len(os.sched_getaffinity(0)):
+    raise app.UsageError(f"--devices={FLAGS.devices}: pinned tasks need a "
+                         f"core each; this process may use "
+                         f"{len(os.sched_getaffinity(0))}.")
+  calibration = fit_cluster(kind, count, repeats=FLAGS.repeats)
+  calibration.save(FLAGS.out, overwrite=FLAGS.overwrite)
+  if FLAGS.json:
+    print(json.dumps(calibration.to_json(), indent=1))
+    return
+  from tfopt.calibration import load_calibration  # pylint: disable=g-import-not-at-top
+  fit = calibration.fit
+  print(f"\n{load_calibration(FLAGS.out).describe()}")
+  print(f"link: {fit['link']}")
+  print("batches of small copies issued together (n: us): " + ", ".join(
+      f"{n}: {t:.0f}" for n, t in fit["batches"]) + (
+          f"; overhead fit relative rms {100 * fit['overhead_relative_rms']:.1f}"
+          f" %" if fit.get("overhead_relative_rms") is not None else ""))
+  print(f"MatMul chains: {fit['chain_alone_us'] / 1e3:.2f} ms alone, "
+        f"{fit['chains_together_us'] / 1e3:.2f} ms two at once on two devices"
+        f" -> capacity {fit['capacity_measured']:.2f}"
+        + ("" if calibration.shared else " (each pinned task has a core of "
+           "its own: capacity 1 per task)"))
+  print(f"wrote {FLAGS.out}")
+
+
+if __name__ == "__main__":
+  app.run(main)

@@ -1,0 +1,111 @@
+"""The calibration file: round trip, what it builds, and every way a file
+can be wrong for this machine."""
+
+import dataclasses
+import datetime
+import json
+
+import pytest
+
+import tfopt
+from tfopt import zoo
+from tfopt import calibration as cal
+from tfopt.cost import Link
+
+
+def _calibration(**changes):
+  base = cal.Calibration(kind="logical", num_devices=2,
+                         link=Link(14.0, 1e6, overhead_us=1.0),
+                         control_messages=True, capacity=1.3, shared=True)
+  return dataclasses.replace(base, **changes)
+
+
+def test_round_trip_and_the_cluster_it_builds(tmp_path):
+  path = tmp_path / "c.json"
+  made = _calibration()
+  made.save(path)
+  loaded = cal.load_calibration(path)
+  assert loaded == made and loaded.path == str(path)
+  cluster = loaded.cluster(["/device:CPU:0", "/device:CPU:1", "/device:CPU:2"],
+                           64 << 20)
+  assert cluster.comm.control_messages
+  assert cluster.comm.default.channel_us(0) == 1.0
+  assert cluster.sharing.groups == (0, 0, 0)
+  assert cluster.sharing.capacity == 1.3
+  assert cluster.memory_caps == (64 << 20,) * 3
+  pinned = _calibration(kind="pinned", shared=False, capacity=1.0)
+  assert pinned.sharing(2).groups == (0, 1)
+  assert "not saved" in made.describe() and "STALE" not in made.describe()
+  with pytest.raises(FileExistsError):
+    made.save(path)
+  made.save(path, overwrite=True)
+
+
+def test_files_that_cannot_be_used_here_are_refused(tmp_path):
+  path = tmp_path / "c.json"
+  with pytest.raises(FileNotFoundError, match="experiments.calibrate"):
+    cal.load_calibration(path)
+  path.write_text("{not json")
+  with pytest.raises(cal.CalibrationError, match="does not parse as JSON"):
+    cal.load_calibration(path)
+  path.write_text(json.dumps({"format": "tfopt.costgraph/1"}))
+  with pytest.raises(cal.CalibrationError, match=r"not in the "
+                     r"tfopt.calibration/1 format \(format: "
+                     r"'tfopt.costgraph/1'\)"):
+    cal.load_calibration(path)
+  doc = _calibration().to_json()
+  del doc["link"]
+  path.write_text(json.dumps(doc))
+  with pytest.raises(cal.CalibrationError, match="lacks the field 'link'"):
+    cal.load_calibration(path)
+  doc = _calibration().to_json()
+  doc["capacity"] = 0.5
+  path.write_text(json.dumps(doc))
+  with pytest.raises(cal.CalibrationError, match="capacity"):
+    cal.load_calibration(path)
+  other = _calibration(machine=dict(cal.machine_fingerprint(),
+                                    cpu="Some Other CPU", cores=64))
+  other.save(path, overwrite=True)
+  with pytest.raises(cal.CalibrationError, match=r"another machine \(Some "
+                     r"Other CPU, 64 cores.*Run `python -m "
+                     r"experiments.calibrate` here"):
+    cal.load_calibration(path)
+  assert cal.load_calibration(path, check_machine=False).machine["cores"] == 64
+  _calibration(tensorflow="2.0.0").save(path, overwrite=True)
+  with pytest.raises(cal.CalibrationError, match="made with TensorFlow 2.0.0"):
+    cal.load_calibration(path)
+
+
+def test_a_stale_file_loads_and_says_so(tmp_path):
+  old = (datetime.datetime.now(datetime.timezone.utc) -
+         datetime.timedelta(days=cal.STALE_AFTER_DAYS + 10))
+  path = tmp_path / "old.json"
+  _calibration(created=old.isoformat(timespec="seconds")).save(path)
+  loaded = cal.load_calibration(path)
+  assert loaded.stale
+  assert f"STALE: {cal.STALE_AFTER_DAYS + 10} days old" in loaded.describe()
+
+
+def test_hook_arguments_are_checked_at_compile(tmp_path):
+  model = zoo.mlp(hidden=(8,), input_dim=4).model
+  loss = "sparse_categorical_crossentropy"
+  cpu = ["/device:CPU:0"]
+  with pytest.raises(ValueError, match=r"Argument `select` must be one of "
+                     r"\['simulated', 'measured'\]. Received: select='fast'"):
+    tfopt.compile(model, optimizer="adam", loss=loss, placement="auto",
+                  devices=cpu, select="fast")
+  with pytest.raises(ValueError, match="Argument `measure_steps` must be a "
+                     "positive integer with select='measured'"):
+    tfopt.compile(model, optimizer="adam", loss=loss, placement="auto",
+                  devices=cpu, select="measured", measure_steps=0)
+  with pytest.raises(ValueError, match="`select` must be given only with "
+                     "`placement`"):
+    tfopt.compile(model, optimizer="adam", loss=loss, select="measured")
+  bad = tmp_path / "bad.json"
+  bad.write_text("[]")
+  with pytest.raises(cal.CalibrationError, match="format"):
+    tfopt.compile(model, optimizer="adam", loss=loss, placement="auto",
+                  devices=cpu, calibration=str(bad))
+  with pytest.raises(ValueError, match="Argument `calibration`"):
+    tfopt.compile(model, optimizer="adam", loss=loss, placement="auto",
+                  devices=cpu, calibration=3)

@@ -1,0 +1,270 @@
+"""A cluster's fitted parameters, saved and reloaded: the calibration file.
+
+`python -m experiments.calibrate --devices=logical:2` (or
+`tfopt.runtime.fit_cluster`) measures, on this machine, what the simulator
+needs to predict a placed step: the link between the devices (latency,
+bandwidth, the per-transfer overhead that holds the channels, control
+dependencies as messages) and whether the devices share cores (and how many
+ops those cores run at full speed at once). It writes a JSON file in the
+`tfopt.calibration/1` format; `place`, `run_placed`, `tfopt.compile` and
+`benchmarks.runtime` read it back with `load_calibration` and build their
+Cluster from it (`Calibration.cluster`).
+
+A calibration describes one machine and one TensorFlow: a file made on
+another machine (CPU model, core count, architecture) or with another
+TensorFlow version is refused with a message saying so. A file older than
+`STALE_AFTER_DAYS` still loads, and every report that uses it says it is
+stale.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import json
+import os
+import platform
+from typing import Any, Sequence
+
+from tfopt._errors import check_positive_int, invalid_argument
+from tfopt.cluster import Cluster, ComputeSharing, Device
+from tfopt.cost.comm import CommModel, Link
+
+FORMAT = "tfopt.calibration/1"
+STALE_AFTER_DAYS = 30
+# How devices of each kind share cores: logical CPUs of one process and
+# unpinned server processes of one host use the same cores; pinned tasks
+# have their own.
+KINDS = ("logical", "processes", "pinned")
+
+
+class CalibrationError(ValueError):
+  """A calibration file that cannot be used here (with the reason)."""
+
+
+def machine_fingerprint() -> dict[str, Any]:
+  """What identifies this machine's hardware for a calibration: CPU model,
+  usable cores, architecture and OS (not the host name: CI machines of
+  one kind get new names every run)."""
+  model = platform.processor() or ""
+  try:
+    with open("/proc/cpuinfo", encoding="utf-8") as f:
+      for line in f:
+        if line.startswith("model name"):
+          model = line.split(":", 1)[1].strip()
+          break
+  except OSError:
+    pass
+  cores = (len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity")
+           else os.cpu_count())
+  return {"cpu": model, "cores": cores, "arch": platform.machine(),
+          "system": platform.system()}
+
+
+def _tensorflow_version() -> str:
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  return tf.__version__
+
+
+@dataclasses.dataclass(frozen=True)
+class Calibration:
+  """Fitted link and compute-sharing parameters of one kind of cluster.
+
+  Attributes:
+    kind: "logical" (CPU devices of one process), "processes" (server
+      processes on this host) or "pinned" (server processes, each pinned to
+      its own core).
+    num_devices: how many devices were measured.
+    link: latency, bandwidth and overhead between two of them.
+    control_messages: cross-device control dependencies cost a message.
+    capacity: ops of one sharing group that run at full speed at once.
+    shared: whether the devices share cores (one sharing group).
+    cores_per_device: cores each device computes on when it has its own
+      (pinned: 1), for profiling; None where they share.
+    intra_op_threads, inter_op_threads: the devices' thread pools as
+      measured (None: TensorFlow's defaults).
+    machine, tensorflow, created: where, with what and when (UTC ISO).
+    fit: the measurements' residuals and raw numbers, for the report.
+    path: the file it was loaded from (not saved).
+  """
+  kind: str
+  num_devices: int
+  link: Link
+  control_messages: bool
+  capacity: float
+  shared: bool
+  cores_per_device: int | None = None
+  intra_op_threads: int | None = None
+  inter_op_threads: int | None = None
+  machine: dict = dataclasses.field(default_factory=machine_fingerprint)
+  tensorflow: str = dataclasses.field(default_factory=_tensorflow_version)
+  created: str = dataclasses.field(default_factory=lambda: (
+      datetime.datetime.now(datetime.timezone.utc).isoformat(
+          timespec="seconds")))
+  fit: dict = dataclasses.field(default_factory=dict)
+  path: str | None = dataclasses.field(default=None, compare=False)
+
+  def __post_init__(self):
+    if self.kind not in KINDS:
+      raise invalid_argument("kind", f"one of {list(KINDS)}", self.kind)
+    check_positive_int("num_devices", self.num_devices)
+    if isinstance(self.capacity, bool) or not isinstance(
+        self.capacity, (int, float)) or not self.capacity >= 1:
+      raise invalid_argument("capacity", "a number >= 1", self.capacity)
+
+  # -- What it means for a cluster --
+
+  def comm(self) -> CommModel:
+    return CommModel(self.link, control_messages=self.control_messages)
+
+  def sharing(self, num_devices: int) -> ComputeSharing:
+    """Which of `num_devices` devices of this kind share cores."""
+    if self.shared:
+      return ComputeSharing.shared(num_devices, self.capacity)
+    return ComputeSharing.alone(num_devices)
+
+  def cluster(self, device_names: Sequence[str],
+              memory_bytes: int | None = None, *,
+              device_type: str = "CPU") -> Cluster:
+    """A Cluster of these devices with the fitted link and sharing."""
+    names = list(device_names)
+    return Cluster(tuple(Device(n, device_type, memory_bytes) for n in names),
+                   self.comm(), self.sharing(len(names)))
+
+  def applied_to(self, cluster: Cluster) -> Cluster:
+    """`cluster`'s devices (names, types, caps) with the fitted link and
+    sharing."""
+    return Cluster(cluster.devices, self.comm(), self.sharing(len(cluster)))
+
+  # -- Age and provenance --
+
+  def age_days(self, now: datetime.datetime | None = None) -> float:
+    now = now or datetime.datetime.now(datetime.timezone.utc)
+    made = datetime.datetime.fromisoformat(self.created)
+    if made.tzinfo is None:
+      made = made.replace(tzinfo=datetime.timezone.utc)
+    return (now - made).total_seconds() / 86400.0
+
+  @property
+  def stale(self) -> bool:
+    return self.age_days() > STALE_AFTER_DAYS
+
+  def describe(self) -> str:
+    """One line for reports: what was fitted, from where, and whether it is
+    stale."""
+    where = self.path or "not saved"
+    overhead = ("whole latency" if self.link.overhead_us is None else
+                f"{self.link.overhead_us:.0f} us")
+    sharing = (f"shared cores, capacity {self.capacity:.2f}" if self.shared
+               else "own cores each")
+    age = self.age_days()
+    line = (f"calibrated {self.kind} x{self.num_devices} ({where}, "
+            f"{self.created[:10]}): latency {self.link.latency_us:.0f} us, "
+            f"{self.link.bandwidth_gbps:.2f} GB/s, overhead {overhead}, "
+            f"control edges {'are messages' if self.control_messages else 'free'}"
+            f"; {sharing}")
+    if age > STALE_AFTER_DAYS:
+      line += (f"; STALE: {age:.0f} days old (over {STALE_AFTER_DAYS}), "
+               f"run experiments.calibrate again")
+    return line
+
+  # -- The file --
+
+  def to_json(self) -> dict[str, Any]:
+    return {"format": FORMAT, "kind": self.kind,
+            "num_devices": self.num_devices,
+            "link": {"latency_us": self.link.latency_us,
+                     "bandwidth_gbps": self.link.bandwidth_gbps,
+                     "overhead_us": self.link.overhead_us},
+            "control_messages": self.control_messages,
+            "capacity": self.capacity, "shared": self.shared,
+            "cores_per_device": self.cores_per_device,
+            "intra_op_threads": self.intra_op_threads,
+            "inter_op_threads": self.inter_op_threads,
+            "machine": self.machine, "tensorflow": self.tensorflow,
+            "created": self.created, "fit": self.fit}
+
+  def save(self, path: str | os.PathLike, *, overwrite: bool = False) -> None:
+    """Writes the file atomically; an existing file only with `overwrite`."""
+    from tfopt._io import atomic_write_text  # pylint: disable=g-import-not-at-top
+    atomic_write_text(path, json.dumps(self.to_json(), indent=1) + "\n",
+                      overwrite=overwrite)
+
+
+def from_json(doc: Any, *, path: str | None = None) -> Calibration:
+  """A Calibration from a parsed document; CalibrationError names what is
+  wrong (the machine and TensorFlow are not checked here)."""
+  where = f"Calibration file {path!r}" if path else "The calibration"
+  if not isinstance(doc, dict) or doc.get("format") != FORMAT:
+    found = doc.get("format") if isinstance(doc, dict) else type(doc).__name__
+    raise CalibrationError(f"{where} is not in the {FORMAT} format (format: "
+                           f"{found!r}).")
+  try:
+    link = doc["link"]
+    return Calibration(
+        kind=doc["kind"], num_devices=doc["num_devices"],
+        link=Link(link["latency_us"], link["bandwidth_gbps"],
+                  link.get("overhead_us")),
+        control_messages=bool(doc["control_messages"]),
+        capacity=doc["capacity"], shared=bool(doc["shared"]),
+        cores_per_device=doc.get("cores_per_device"),
+        intra_op_threads=doc.get("intra_op_threads"),
+        inter_op_threads=doc.get("inter_op_threads"),
+        machine=dict(doc["machine"]), tensorflow=str(doc["tensorflow"]),
+        created=str(doc["created"]), fit=dict(doc.get("fit") or {}),
+        path=path)
+  except KeyError as err:
+    raise CalibrationError(f"{where} lacks the field {err.args[0]!r}.") \
+        from None
+  except (TypeError, ValueError) as err:
+    raise CalibrationError(f"{where} has a bad value: {err}") from None
+
+
+def load_calibration(path: str | os.PathLike, *,
+                     check_machine: bool = True) -> Calibration:
+  """Reads a calibration file and checks it belongs here.
+
+  Raises CalibrationError when the file does not parse, is not in the
+  format, or (with `check_machine`) was made on another machine or with
+  another TensorFlow version; FileNotFoundError names a missing file.
+  """
+  path = os.fspath(path)
+  if not os.path.isfile(path):
+    raise FileNotFoundError(f"No calibration file at {path!r}: make one with "
+                            f"`python -m experiments.calibrate "
+                            f"--out={path}`.")
+  try:
+    with open(path, encoding="utf-8") as f:
+      doc = json.load(f)
+  except (json.JSONDecodeError, UnicodeDecodeError) as err:
+    raise CalibrationError(f"Calibration file {path!r} does not parse as "
+                           f"JSON: {err}") from None
+  calibration = from_json(doc, path=path)
+  if check_machine:
+    check_here(calibration)
+  return calibration
+
+
+def check_here(calibration: Calibration) -> None:
+  """Raises CalibrationError when `calibration` was made on another
+  machine or TensorFlow version than this process's."""
+  where = (f"Calibration file {calibration.path!r}" if calibration.path
+           else "The calibration")
+  here = machine_fingerprint()
+  if calibration.machine != here:
+    raise CalibrationError(
+        f"{where} was made on another machine ({_machine(calibration.machine)}"
+        f") than this one ({_machine(here)}): its link and core-sharing "
+        f"numbers do not describe this one. Run `python -m "
+        f"experiments.calibrate` here.")
+  version = _tensorflow_version()
+  if calibration.tensorflow != version:
+    raise CalibrationError(
+        f"{where} was made with TensorFlow {calibration.tensorflow}, and this "
+        f"is TensorFlow {version}: its runtime's costs may differ. Run "
+        f"`python -m experiments.calibrate` again.")
+
+
+def _machine(m: dict) -> str:
+  return (f"{m.get('cpu') or '?'}, {m.get('cores')} cores, "
+          f"{m.get('arch')}, {m.get('system')}")

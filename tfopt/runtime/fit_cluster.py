@@ -1,0 +1,214 @@
+"""Fitting a cluster's link and core sharing on this machine.
+
+`fit_cluster(kind, num_devices)` starts the devices (logical CPUs of a
+session in this process; server processes on loopback; or server processes
+each pinned to a core of its own, one intra-op thread and two inter-op
+threads), measures, and returns a `tfopt.calibration.Calibration`:
+
+1. **Link.** Tensors of 1 B to 64 MiB copied between two devices, each time
+   minus the same step without the copy; latency + bytes / bandwidth fitted
+   in relative error (`fit_comm_model`). Logical CPUs share memory: their
+   "copy" is a hand-over whose time does not grow with size, so the link is
+   that time and no bandwidth term.
+2. **Overlap.** Batches of 1 to 16 small tensors sent at once: the slope of
+   their time over their count is the per-transfer overhead that holds the
+   channels (`fit_overhead`). gRPC keeps many in flight.
+3. **Control messages.** Always on for TensorFlow's runtime: its
+   partitioner sends a dummy tensor for each control dependency between
+   devices (seen in RunMetadata as zero-byte RecvTensor calls).
+4. **Core sharing.** Chains of MatMuls (small to large) on one device,
+   then two such chains on two devices at once: capacity = 2 x alone /
+   together, in [1, 2] (`fit_capacity`). Logical devices and unpinned
+   processes of one host share their cores (one group, that capacity); a
+   pinned task has one core of its own (its own group, capacity 1: two ops
+   it runs at once share that core).
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from typing import Sequence
+
+import numpy as np
+import tensorflow as tf
+
+from tfopt._errors import check_positive_int, invalid_argument
+from tfopt.calibration import KINDS, Calibration
+from tfopt.cost.comm import Link, fit_comm_model, fit_overhead
+from tfopt.cost.comm_measure import (DEFAULT_SIZES,
+                                     measure_concurrent_transfers,
+                                     measure_transfer_times)
+from tfopt.runtime.placed import LOCAL_PREFIX
+
+# Pinned tasks: one core's worth of compute, two inter-op threads so that a
+# Send is not queued behind the op running (measured: with one, a two-tower
+# step on two pinned tasks took 90 ms instead of 76 ms).
+PINNED_INTRA_OP_THREADS = 1
+PINNED_INTER_OP_THREADS = 2
+# The hand-over between logical devices: no bandwidth term.
+SHARED_MEMORY_GBPS = 1e6
+
+
+def fit_capacity(alone_us: float, together_us: float,
+                 num_together: int = 2) -> float:
+  """Ops of one sharing group that run at full speed at once, from the time
+  of one chain alone and of `num_together` chains side by side: under
+  processor sharing, together = alone x n / capacity (capacity <= n).
+
+  >>> fit_capacity(10.0, 20.0), fit_capacity(10.0, 10.0)
+  (1.0, 2.0)
+  """
+  check_positive_int("num_together", num_together)
+  if not alone_us > 0 or not together_us > 0:
+    raise invalid_argument("alone_us", "positive times (alone_us and "
+                           "together_us)", (alone_us, together_us))
+  return float(min(max(num_together * alone_us / together_us, 1.0),
+                   num_together))
+
+
+def fit_link(points: Sequence[tuple[int, float]]) -> tuple[Link, dict]:
+  """The link from (bytes, microseconds) copies, and the fit's numbers.
+
+  Where the time does not grow with size (devices sharing memory) the link
+  is the median time with no bandwidth term."""
+  usable = [(b, t) for b, t in points if t > 0]
+  if len(usable) < 2:
+    raise RuntimeError(f"Too few copies measured above noise to fit a link: "
+                       f"{list(points)}")
+  try:
+    fit = fit_comm_model([b for b, _ in usable], [t for _, t in usable])
+  except ValueError:
+    fit = None
+  if fit is None or fit.link.bandwidth_gbps > SHARED_MEMORY_GBPS / 1e3:
+    hand_over = statistics.median(t for _, t in usable)
+    return Link(hand_over, SHARED_MEMORY_GBPS), {
+        "link": "hand-over (time does not grow with size)",
+        "hand_over_us": hand_over, "points": list(points)}
+  return fit.link, {"link": str(fit), "relative_rms": fit.relative_residual,
+                    "points": list(points)}
+
+
+# The chains of `measure_sharing`: (matrix size, chain length). Small
+# MatMuls run on one thread and two of them side by side barely slow each
+# other; large ones use every core alone. Measured here on logical CPUs:
+# capacity 1.9 for 64 x 64, 1.1-1.3 for 512 and 1024. The sum over a mix is
+# dominated by the large ones, as a training step's time is.
+SHARING_CHAINS = ((64, 40), (256, 12), (1024, 3))
+
+
+def measure_sharing(devices: Sequence[str], *, target: str = "",
+                    config: tf.compat.v1.ConfigProto | None = None,
+                    repeats: int = 7,
+                    chains: Sequence[tuple[int, int]] = SHARING_CHAINS
+                    ) -> tuple[float, float]:
+  """(alone, together) microseconds summed over `chains`: for each (size,
+  depth), a chain of `depth` size x size MatMuls on devices[0], then one
+  such chain on each of devices[0] and [1] at once (medians over `repeats`
+  runs)."""
+  if len(devices) < 2:
+    raise invalid_argument("devices", "at least two device strings", devices)
+  graph = tf.Graph()
+  rng = np.random.default_rng(0)
+  built = []
+  with graph.as_default():
+    for size, depth in chains:
+      start = (rng.standard_normal((size, size)) / np.sqrt(size)).astype(
+          np.float32)
+      ends = []
+      for device in devices[:2]:
+        with tf.device(device):
+          x = tf.Variable(start)
+          h = x.read_value()
+          for _ in range(depth):
+            h = tf.tanh(tf.matmul(h, x))
+          ends.append(tf.reduce_sum(h))
+      built.append(ends)
+    init = tf.compat.v1.global_variables_initializer()
+  from tfopt.cost.comm_measure import _plain_config  # pylint: disable=g-import-not-at-top
+  with tf.compat.v1.Session(target, graph=graph,
+                            config=_plain_config(config)) as session:
+    session.run(init)
+
+    def timed(fetch):
+      session.run(fetch)
+      samples = []
+      for _ in range(repeats):
+        began = time.perf_counter()
+        session.run(fetch)
+        samples.append((time.perf_counter() - began) * 1e6)
+      return statistics.median(samples)
+
+    alone = sum(timed(ends[0]) for ends in built)
+    together = sum(timed(ends) for ends in built)
+  return alone, together
+
+
+def fit_cluster(kind: str = "logical", num_devices: int = 2, *,
+                sizes: Sequence[int] = DEFAULT_SIZES,
+                counts: Sequence[int] = (1, 2, 4, 8, 16), repeats: int = 5,
+                progress: bool = True) -> Calibration:
+  """Starts `num_devices` devices of `kind` (see module doc), measures and
+  returns their Calibration (not saved)."""
+  if kind not in KINDS:
+    raise invalid_argument("kind", f"one of {list(KINDS)}", kind)
+  check_positive_int("num_devices", num_devices)
+  if num_devices < 2:
+    raise invalid_argument("num_devices", "at least 2 (a link needs two "
+                           "devices)", num_devices)
+  check_positive_int("repeats", repeats)
+  bar = None
+  if progress:
+    import keras  # pylint: disable=g-import-not-at-top
+    bar = keras.utils.Progbar(3, unit_name="measurement")
+  if kind == "logical":
+    config = tf.compat.v1.ConfigProto(device_count={"CPU": num_devices})
+    names = [f"{LOCAL_PREFIX}{i}" for i in range(num_devices)]
+    return _measure(kind, names, "", config, sizes, counts, repeats, bar,
+                    threads=(None, None))
+  from tfopt.runtime.processes import LoopbackServers, pinned_cpus  # pylint: disable=g-import-not-at-top
+  pinned = kind == "pinned"
+  threads = ((PINNED_INTRA_OP_THREADS, PINNED_INTER_OP_THREADS) if pinned
+             else (None, None))
+  with LoopbackServers(num_devices,
+                       cpus=pinned_cpus(num_devices) if pinned else None,
+                       intra_op_threads=threads[0],
+                       inter_op_threads=threads[1]) as servers:
+    return _measure(kind, servers.device_names, servers.target, None, sizes,
+                    counts, repeats, bar, threads=threads)
+
+
+def _measure(kind, names, target, config, sizes, counts, repeats, bar, *,
+             threads) -> Calibration:
+  """The three measurements between names[1] -> names[0] (module doc)."""
+  pair = {"src_device": names[1], "dst_device": names[0], "target": target,
+          "config": config}
+  link, link_fit = fit_link(measure_transfer_times(sizes, repeats=repeats,
+                                                   **pair))
+  if bar:
+    bar.update(1)
+  batches = measure_concurrent_transfers(counts, repeats=max(repeats, 7),
+                                         **pair)
+  positive = [(n, t) for n, t in batches if t > 0]
+  if len({n for n, _ in positive}) >= 2:
+    overhead, overhead_rms = fit_overhead([n for n, _ in positive],
+                                          [t for _, t in positive], link)
+  else:  # nothing measurable above noise: transfers overlap completely
+    overhead, overhead_rms = 0.0, None
+  link = Link(link.latency_us, link.bandwidth_gbps, overhead)
+  if bar:
+    bar.update(2)
+  alone, together = measure_sharing(names, target=target, config=config,
+                                    repeats=max(repeats, 7))
+  capacity = fit_capacity(alone, together)
+  if bar:
+    bar.update(3)
+  pinned = kind == "pinned"
+  return Calibration(
+      kind=kind, num_devices=len(names), link=link, control_messages=True,
+      capacity=1.0 if pinned else capacity, shared=not pinned,
+      cores_per_device=1 if pinned else None,
+      intra_op_threads=threads[0], inter_op_threads=threads[1],
+      fit={**link_fit, "batches": batches, "overhead_relative_rms":
+           overhead_rms, "chain_alone_us": alone,
+           "chains_together_us": together, "capacity_measured": capacity})
