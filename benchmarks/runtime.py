@@ -1,5 +1,6 @@
-"""Runtime benchmark: fusion speed-up, placed-step times, simulator calibration,
-pass-pipeline time on large training graphs.
+"""Runtime benchmark: fusion speed-up, placement judged by the clock (the
+simulator before and after calibration, plans chosen by measurement, a real
+speed-up), pass-pipeline time on large training graphs.
 
     python -m benchmarks.runtime
 
@@ -7,30 +8,38 @@ pass-pipeline time on large training graphs.
    bias and ReLU), the fused graph (pass "fuse") against the unfused one, in
    the same process, interleaved in rounds; the speed-up is the median of the
    per-round ratios unfused / fused.
-2. Placed steps: the CNN's and the MLP's training steps placed by m-ETF on
-   1, 2 and 4 logical CPU devices and on 2 and 4 server processes on
-   loopback, each timed
-   against the unplaced one-device step in the same run, and each checked
-   (loss equal to one device, every op where planned).
-3. Calibration: each placed step's simulated makespan against its measured
-   time, as is ("meas/sim") and with one scale factor fitted on the
-   one-device step ("scaled": the simulator's relative accuracy). Logical
-   devices share memory, so their link is a latency measured between two of
-   them (no size dependence); the processes' link is fitted on transfers
-   measured between the same server tasks (`measure_comm_model`).
-4. Pipeline: prune,identity,fold,fuse,coarsen,place (auto, 4 devices) on the
+2. Calibration: 2 and 4 logical CPU devices and 2 server tasks pinned to a
+   core each, fitted once (`tfopt.runtime.fit_cluster`).
+3. Placed steps: the MLP, the CNN, a Transformer LM, GNMT and the towers
+   model (parallel branches), each on 2 and 4 logical devices and 2 pinned
+   tasks: the plan `select="simulated"` picks on the calibrated cluster
+   (placed, then the control pass), checked (losses and updates equal to one
+   device, every op where planned) and timed against one device in
+   interleaved rounds -- one logical device using every core, or one pinned
+   task (one core); its step simulated before calibration (Baechi's
+   PCIe-like link, devices computing apart) and after; the plan
+   `select="measured"` picks and its time against one device; a traced step
+   beside its simulation (`tfopt.runtime.timeline`).
+4. Speed-up: the towers model on 2 pinned tasks against one, with tfopt's
+   plan, and against one process using every core
+   (`tfopt.runtime.speedup`).
+5. Pipeline: prune,identity,fold,fuse,coarsen,place (auto, 4 devices) on the
    ResNet-50 and Inception-V3 training graphs (analytic costs), per pass.
 
 Each section (and each model's placed runs) runs in its own process (see
-`_section_in_subprocess`). Writes benchmarks/results/runtime.json. Timings on a shared 2-core VM drift
-between rounds; the ratios are measured side by side to cancel that.
+`_section_in_subprocess`). Writes benchmarks/results/runtime.json. Timings
+on a shared 2-core VM drift between rounds; the ratios are measured side by
+side to cancel that.
 """
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 import json
 import os
 import statistics
+import tempfile
 import time
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
@@ -40,6 +49,7 @@ from absl import app, flags  # noqa: E402
 import tfopt  # noqa: E402,F401  (OR-Tools before TensorFlow)
 
 FLAGS = flags.FLAGS
+PLACED_MODELS_NAMES = ("mlp", "cnn", "transformer_lm", "gnmt", "towers")
 flags.DEFINE_integer("rounds", 7, "Interleaved timing rounds.")
 flags.DEFINE_integer("steps_per_round", 10, "Steps timed per round.")
 flags.DEFINE_string("out", os.path.join(os.path.dirname(__file__), "results",
@@ -47,8 +57,12 @@ flags.DEFINE_string("out", os.path.join(os.path.dirname(__file__), "results",
 flags.DEFINE_string("section", None, "Internal: run one section and write "
                     "its JSON to --section_out.")
 flags.DEFINE_string("section_out", None, "Internal: see --section.")
-flags.DEFINE_bool("large_graphs", True, "Run section 4 (ResNet-50, "
-                  "Inception-V3 capture takes a few minutes).")
+flags.DEFINE_bool("large_graphs", True, "Run the pipeline section "
+                  "(ResNet-50, Inception-V3 capture takes a few minutes).")
+flags.DEFINE_list("models", list(PLACED_MODELS_NAMES), "Models of the "
+                  "placed sections.")
+flags.DEFINE_string("calibration_dir", None, "Internal: where the calibrate "
+                    "section leaves its files.")
 
 
 def _cnn():
@@ -137,91 +151,167 @@ def fusion_section(rounds, steps):
   return rows
 
 
-def placed_section(rounds, steps, models=("cnn", "mlp")):
+# Per model: (zoo name or None for _cnn, zoo overrides, batch size).
+PLACED_MODELS = {
+    "mlp": ("mlp", {}, 64),
+    "cnn": (None, {}, 32),
+    "transformer_lm": ("transformer_lm", dict(
+        vocab_size=2000, seq_len=64, num_layers=2, d_model=128, num_heads=4,
+        d_ff=512), 16),
+    "gnmt": ("gnmt", dict(vocab_size=2000, seq_len=16, units=256), 16),
+    "towers": ("towers", {}, 256),
+}
+CONFIGS = (("logical", 2), ("logical", 4), ("pinned", 2))
+
+
+def calibrate_section(out_dir):
+  """Each configuration's kind calibrated once (tfopt.runtime.fit_cluster),
+  saved under `out_dir`; the placed sections read the files."""
+  from tfopt.runtime.fit_cluster import fit_cluster
+  paths, described = {}, {}
+  for kind, n in CONFIGS:
+    calibration = fit_cluster(kind, n, progress=False)
+    path = os.path.join(out_dir, f"calibration_{kind}_{n}.json")
+    calibration.save(path, overwrite=True)
+    paths[f"{kind}:{n}"] = path
+    described[f"{kind}:{n}"] = calibration.describe()
+    print(f"  {described[f'{kind}:{n}']}")
+  return paths, described
+
+
+def _prepared(model_name):
+  """The model's captured step, its graph after the rewrites before
+  placement (prune,identity,fold,fuse) and one batch."""
   import tensorflow as tf
-  from tfopt.cost.comm import CommModel
-  from tfopt.cost.comm_measure import measure_comm_model, measure_transfer_times
-  from tfopt.cost.profile import profile_step
+  from tfopt import zoo
   from tfopt.graph import capture_train_step
   from tfopt.passes import PassContext, PassManager
-  from tfopt.runtime import (LoopbackServers, StepSession, calibrate,
-                             check_rewritten, local_cluster, run_steps,
-                             session_config)
-  from tfopt.runtime.placed import LOCAL_PREFIX
-  from tfopt.runtime.session import local_device_count
-  rows, comm_fits = [], {}
-  builders = {"cnn": (_cnn, 32), "mlp": (_mlp, 64)}
-  for model_name in models:
-    build, batch_size = builders[model_name]
-    model = build()
+  name, kwargs, batch_size = PLACED_MODELS[model_name]
+  if name is None:
+    model = _cnn()
     x, y = _batch(model, batch_size)
-    inputs = [x, y]
-    step = capture_train_step(model, x=x, y=y)
-    # Profiled first: nothing else has run in this process yet.
-    costs = profile_step(step, inputs=inputs, steps=3, warmup=1,
-                         progress=True)
-    reference = run_steps(step, [inputs] * 2)
-    # Logical CPU devices share memory: a "copy" costs a size-independent
-    # hand-over between executors. Its median over sizes is the latency.
-    local = measure_transfer_times(
-        src_device=f"{LOCAL_PREFIX}1", dst_device=f"{LOCAL_PREFIX}0",
-        config=tf.compat.v1.ConfigProto(device_count={"CPU": 2}))
-    hand_over_us = statistics.median(t for _, t in local)
-    comm_fits[f"{model_name}, logical devices"] = (
-        f"latency {hand_over_us:.1f} us, no bandwidth term (shared memory)")
-    shared_memory = CommModel.uniform(hand_over_us, 1e6)
-    first = len(rows)
+  else:
+    zm = zoo.build(name, **kwargs)
+    model, (x, y) = zm.model, zm.batch(batch_size)
+  step = capture_train_step(model, x=x, y=y)
+  graph_def = PassManager("prune,identity,fold,fuse").run(
+      step.graph_def, PassContext.for_step(step)).graph
+  return step, graph_def, [*tf.nest.flatten(x), *tf.nest.flatten(y)]
 
-    def measure(label, graph, cluster, ctx, target="", config=None):
-      check_rewritten(step, [inputs] * 2, graph, reference=reference,
+
+@contextlib.contextmanager
+def _devices(kind, n, step, graph_def, inputs, local_costs):
+  """(device names, target, session config, the one-device graph, its
+  target, the costs) for one configuration. Logical devices: this
+  process, one device = the graph unplaced, profiled here. Pinned: n tasks
+  pinned to a core each, and the one-device graph on a task of its own
+  (one core, one thread each pool), where the step is profiled."""
+  from tfopt.cost.profile import profile_step
+  from tfopt.runtime import session_config
+  from tfopt.runtime.placed import LOCAL_PREFIX
+  from tfopt.runtime.speedup import on_one_task, pinned_devices
+  if kind == "logical":
+    yield ([f"{LOCAL_PREFIX}{i}" for i in range(n)], "",
+           session_config(device_count={"CPU": n}), graph_def, "",
+           local_costs)
+    return
+  with pinned_devices(n) as (one, many):
+    alone = on_one_task(graph_def, one)
+    costs = profile_step(step, inputs=inputs, graph_def=alone,
+                         target=one.target, steps=5, warmup=2)
+    yield (many.device_names, many.target, session_config(), alone,
+           one.target, costs)
+
+
+def placed_section(model_name, calibration_paths, rounds, steps):
+  """Per configuration: the plan select="simulated" picks on the calibrated
+  cluster, checked and timed against one device, simulated before (the
+  default model: PCIe-like link, devices computing apart) and after
+  calibration; the plan select="measured" picks; a traced step beside its
+  simulation."""
+  from tfopt import Cluster
+  from tfopt.calibration import load_calibration
+  from tfopt.cost.profile import profile_step
+  from tfopt.graph.capture import opgraph_from_graphdef
+  from tfopt.passes import PassContext, PassManager, merge_control_inputs
+  from tfopt.passes.place import step_costs
+  from tfopt.runtime import (StepSession, check_rewritten, compare_timeline,
+                             measure_timeline, run_steps)
+  from tfopt.runtime.prediction import placement_of
+  from tfopt.runtime.select import select_measured
+  from tfopt.runtime.speedup import interleaved
+  from tfopt.simulate import simulate
+  step, graph_def, inputs = _prepared(model_name)
+  # Profiled first: nothing else has run in this process yet.
+  local_costs = profile_step(step, inputs=inputs, graph_def=graph_def,
+                             steps=5, warmup=2, progress=True)
+  reference = run_steps(step, [inputs] * 2)
+  rows = []
+  for kind, n in CONFIGS:
+    calibration = load_calibration(calibration_paths[f"{kind}:{n}"])
+    with _devices(kind, n, step, graph_def, inputs, local_costs) as (
+        names, target, config, alone, alone_target, costs):
+      after = calibration.cluster(names)
+      before = Cluster.uniform(n, device_type="CPU", names=names)
+      ctx = PassContext.for_step(step, costs=costs, cluster=after,
+                                 placer="auto")
+      started = time.perf_counter()
+      pre = PassManager("place").run(graph_def, ctx).graph
+      place_s = time.perf_counter() - started
+      plan = ctx.results["placement"]
+      placed = merge_control_inputs(pre)[0]
+      label = f"{n} {kind}"
+      check_rewritten(step, [inputs] * 2, placed, reference=reference,
                       target=target, config=config, what=label)
-      one = StepSession(step)
-      placed = StepSession(step, graph_def=graph, target=target,
-                           config=config or session_config(
-                               device_count=local_device_count(graph)))
-      one.run(inputs)
-      placed.run(inputs)
-      times = _interleaved([one, placed], inputs, rounds, steps)
-      one.close()
-      placed.close()
-      cal = calibrate(step, graph, costs, cluster, inputs, repeats=steps,
-                      warmup=2, fused=ctx.fused, target=target, config=config)
-      rows.append({"model": model_name, "config": label,
-                   "devices_used": cal.devices_used,
-                   "single_ms": statistics.median(times[0]) * 1e3,
-                   "placed_ms": statistics.median(times[1]) * 1e3,
-                   "placed_over_single": statistics.median(
-                       [p / s for s, p in zip(*times)]),
-                   "simulated_ms": cal.predicted_us / 1e3,
-                   "measured_over_simulated": cal.ratio})
-      print(f"  {model_name}, {label}: {rows[-1]}")
+      graph = opgraph_from_graphdef(placed, inline=False,
+                                    batch_size=step.batch_size)
+      placement = placement_of(placed, names)
+      costed = step_costs(graph, PassContext(costs=costs))
+      sim_after = simulate(graph, placement, costed, after)
+      sim_before = simulate(graph, placement, costed, before)
+      sessions = [StepSession(step, graph_def=alone, target=alone_target,
+                              config=None if not alone_target else config),
+                  StepSession(step, graph_def=placed, target=target,
+                              config=config)]
+      try:
+        one_us, placed_us = interleaved(sessions, inputs, steps, rounds)
+      finally:
+        for session in sessions:
+          session.close()
+      timeline = compare_timeline(sim_after, measure_timeline(
+          step, placed, inputs, names, target=target, config=config))
+      selection = select_measured(step, pre, plan, names, inputs,
+                                  target=target, config=config, steps=steps,
+                                  rounds=2)
+    row = {
+        "model": model_name, "config": label, "placer": plan.placer,
+        "place_s": place_s, "devices_used": len(set(placement.values())),
+        "one_device_ms": one_us / 1e3, "placed_ms": placed_us / 1e3,
+        "placed_over_one": placed_us / one_us,
+        "one_device_simulated_ms": plan.single_device_us / 1e3,
+        "simulated_before_ms": sim_before.makespan_us / 1e3,
+        "simulated_after_ms": sim_after.makespan_us / 1e3,
+        "measured_over_simulated_before": placed_us / sim_before.makespan_us,
+        "measured_over_simulated_after": placed_us / sim_after.makespan_us,
+        "measured_select": selection.best.placer,
+        "measured_select_ms": selection.best.measured_us / 1e3,
+        "measured_select_over_one": selection.best.measured_us / one_us,
+        "selection": selection.table(), "timeline": timeline.table()}
+    rows.append(row)
+    print(f"  {model_name}, {label}: " + json.dumps(
+        {k: v for k, v in row.items() if k not in ("selection", "timeline")}))
+  return rows
 
-    for n in (1, 2, 4):
-      cluster = local_cluster(n, comm=shared_memory)
-      ctx = PassContext.for_step(step, costs=costs, cluster=cluster,
-                                 placer="m-etf")
-      graph = PassManager("fuse,place").run(step.graph_def, ctx).graph
-      measure(f"{n} logical device{'s' if n > 1 else ''}", graph, cluster,
-              ctx)
-    for n in (2, 4):
-      with LoopbackServers(n) as servers:
-        fit, _ = measure_comm_model(src_device=servers.device_names[1],
-                                    dst_device=servers.device_names[0],
-                                    target=servers.target)
-        comm_fits[f"{model_name}, {n} processes"] = str(fit)
-        cluster = servers.cluster(comm=CommModel(fit.link))
-        ctx = PassContext.for_step(step, costs=costs, cluster=cluster,
-                                   placer="m-etf")
-        graph = PassManager("fuse,place").run(step.graph_def, ctx).graph
-        measure(f"{n} processes", graph, cluster, ctx,
-                target=servers.target, config=session_config())
-    # One scale factor fitted on the one-device step predicts the others:
-    # how well the simulator ranks plans, apart from its absolute level.
-    scale = rows[first]["measured_over_simulated"]
-    for r in rows[first:]:
-      r["measured_over_scaled_simulated"] = (r["measured_over_simulated"] /
-                                             scale)
-  return rows, comm_fits
+
+def speedup_section(rounds, steps):
+  """The branchy model on 2 pinned tasks against one (tfopt chooses)."""
+  from tfopt.runtime.speedup import measure_pinned_speedup
+  step, graph_def, inputs = _prepared("towers")
+  result = measure_pinned_speedup(step, graph_def, inputs, steps=steps,
+                                  rounds=rounds)
+  print("  " + result.summary())
+  return dict(dataclasses.asdict(result), speedup=result.speedup,
+              versus_both_cores=result.versus_both_cores)
 
 
 def pipeline_section():
@@ -253,18 +343,18 @@ def pipeline_section():
   return rows
 
 
-def _section_in_subprocess(section: str) -> dict:
+def _section_in_subprocess(section: str, calibration_dir: str) -> dict:
   """Runs one section in a fresh process. Traced profiling in a process that
   already built and profiled other models reports inflated op times (the
   same CNN profiled four times in one process: 12.1, 15.0, 16.7, 18.8 ms),
   so each model's costs are measured where nothing ran before."""
   import subprocess
   import sys
-  import tempfile
   with tempfile.TemporaryDirectory() as tmp:
     out = os.path.join(tmp, "section.json")
     subprocess.run([sys.executable, "-m", "benchmarks.runtime",
                     f"--section={section}", f"--section_out={out}",
+                    f"--calibration_dir={calibration_dir}",
                     f"--rounds={FLAGS.rounds}",
                     f"--steps_per_round={FLAGS.steps_per_round}"],
                    check=True, cwd=os.path.dirname(os.path.dirname(
@@ -274,16 +364,62 @@ def _section_in_subprocess(section: str) -> dict:
 
 
 def _run_section(section: str) -> dict:
+  rounds, steps = FLAGS.rounds, FLAGS.steps_per_round
   if section == "fusion":
-    return {"fusion": fusion_section(FLAGS.rounds, FLAGS.steps_per_round)}
-  if section.startswith("placed:"):
-    rows, fits = placed_section(FLAGS.rounds, FLAGS.steps_per_round,
-                                (section.split(":", 1)[1],))
-    return {"placed": rows, "comm_fits": fits}
+    return {"fusion": fusion_section(rounds, steps)}
+  if section == "calibrate":
+    paths, described = calibrate_section(FLAGS.calibration_dir)
+    return {"calibration_files": paths, "calibrations": described}
+  if section.startswith("placed:") and section[7:] in PLACED_MODELS:
+    with open(os.path.join(FLAGS.calibration_dir, "files.json"),
+              encoding="utf-8") as f:
+      paths = json.load(f)
+    return {"placed": placed_section(section[7:], paths, rounds, steps)}
+  if section == "speedup":
+    return {"speedup": speedup_section(rounds, steps)}
   if section == "pipeline":
     return {"pipeline": pipeline_section()}
-  raise app.UsageError(f"--section must be fusion, placed:cnn, placed:mlp "
-                       f"or pipeline. Received: {section}")
+  raise app.UsageError(f"--section must be fusion, calibrate, placed:<model> "
+                       f"({', '.join(PLACED_MODELS)}), speedup or pipeline. "
+                       f"Received: {section}")
+
+
+def _print_tables(results) -> None:
+  print("\nfusion speed-up (unfused / fused step time, median of rounds)")
+  print(f"{'model':<6}{'step':<11}{'unfused ms':>11}{'fused ms':>10}"
+        f"{'speed-up':>10}{'fused ops':>10}")
+  for r in results["fusion"]:
+    print(f"{r['model']:<6}{r['step']:<11}{r['unfused_ms']:>11.2f}"
+          f"{r['fused_ms']:>10.2f}{r['speedup']:>9.2f}x{r['fused_ops']:>10}")
+  for where, line in results["calibrations"].items():
+    print(f"calibration {where}: {line}")
+  print("\nplaced training steps (select=simulated on the calibrated "
+        "cluster) vs one device; measured / simulated before and after "
+        "calibration; select=measured")
+  print(f"{'model':<15}{'config':<11}{'placer':<20}{'one ms':>8}"
+        f"{'placed ms':>10}{'/one':>6}{'sim before':>11}{'m/s':>6}"
+        f"{'sim after':>10}{'m/s':>6}  {'measured pick':<20}{'/one':>6}")
+  for r in results["placed"]:
+    print(f"{r['model']:<15}{r['config']:<11}{r['placer']:<20}"
+          f"{r['one_device_ms']:>8.1f}{r['placed_ms']:>10.1f}"
+          f"{r['placed_over_one']:>6.2f}{r['simulated_before_ms']:>11.1f}"
+          f"{r['measured_over_simulated_before']:>6.2f}"
+          f"{r['simulated_after_ms']:>10.1f}"
+          f"{r['measured_over_simulated_after']:>6.2f}  "
+          f"{r['measured_select']:<20}{r['measured_select_over_one']:>6.2f}")
+  within = [r for r in results["placed"]
+            if abs(r["measured_over_simulated_after"] - 1) <= 0.25]
+  print(f"rows within 25 % after calibration: {len(within)} of "
+        f"{len(results['placed'])} (before: "
+        f"{sum(abs(r['measured_over_simulated_before'] - 1) <= 0.25 for r in results['placed'])})")
+  s = results["speedup"]
+  print(f"\nspeed-up on 2 pinned tasks (towers): {s['speedup']:.2f}x over "
+        f"one pinned task (goal 1.3x); {s['versus_both_cores']:.2f}x one "
+        f"process on every core; placer {s['placer']}")
+  for r in results.get("pipeline", ()):
+    print(f"pipeline on {r['model']} ({r['nodes']} nodes): "
+          f"{r['pipeline_s']:.1f} s; " + ", ".join(
+              f"{p['pass']} {p['seconds']:.2f} s" for p in r["passes"]))
 
 
 def main(argv):
@@ -296,36 +432,21 @@ def main(argv):
   import tensorflow as tf
   results = {"benchmark": "runtime", "tensorflow": tf.__version__,
              "cpu_count": os.cpu_count(), "rounds": FLAGS.rounds,
-             "steps_per_round": FLAGS.steps_per_round, "placed": [],
-             "comm_fits": {}}
-  sections = ["fusion", "placed:cnn", "placed:mlp"] + (
-      ["pipeline"] if FLAGS.large_graphs else [])
-  for section in sections:
-    print(f"== {section} (own process)")
-    part = _section_in_subprocess(section)
-    results["placed"] += part.pop("placed", [])
-    results["comm_fits"].update(part.pop("comm_fits", {}))
-    results.update(part)
-  print("\nfusion speed-up (unfused / fused step time, median of rounds)")
-  print(f"{'model':<6}{'step':<11}{'unfused ms':>11}{'fused ms':>10}"
-        f"{'speed-up':>10}{'fused ops':>10}")
-  for r in results["fusion"]:
-    print(f"{r['model']:<6}{r['step']:<11}{r['unfused_ms']:>11.2f}"
-          f"{r['fused_ms']:>10.2f}{r['speedup']:>9.2f}x{r['fused_ops']:>10}")
-  print("\nplaced training steps (m-ETF) vs one device; simulator ratio")
-  print(f"{'model':<6}{'config':<19}{'used':>5}{'single ms':>10}{'placed ms':>10}"
-        f"{'placed/1':>9}{'sim ms':>8}{'meas/sim':>9}{'scaled':>8}")
-  for r in results["placed"]:
-    print(f"{r['model']:<6}{r['config']:<19}{r['devices_used']:>5}{r['single_ms']:>10.2f}"
-          f"{r['placed_ms']:>10.2f}{r['placed_over_single']:>9.2f}"
-          f"{r['simulated_ms']:>8.2f}{r['measured_over_simulated']:>9.2f}"
-          f"{r['measured_over_scaled_simulated']:>8.2f}")
-  for where, fit in results["comm_fits"].items():
-    print(f"comm fit ({where}): {fit}")
-  for r in results.get("pipeline", ()):
-    print(f"pipeline on {r['model']} ({r['nodes']} nodes): "
-          f"{r['pipeline_s']:.1f} s; " + ", ".join(
-              f"{p['pass']} {p['seconds']:.2f} s" for p in r["passes"]))
+             "steps_per_round": FLAGS.steps_per_round, "placed": []}
+  sections = (["fusion", "calibrate"] +
+              [f"placed:{m}" for m in FLAGS.models] + ["speedup"] +
+              (["pipeline"] if FLAGS.large_graphs else []))
+  with tempfile.TemporaryDirectory() as calibration_dir:
+    for section in sections:
+      print(f"== {section} (own process)")
+      part = _section_in_subprocess(section, calibration_dir)
+      if "calibration_files" in part:
+        with open(os.path.join(calibration_dir, "files.json"), "w",
+                  encoding="utf-8") as f:
+          json.dump(part.pop("calibration_files"), f)
+      results["placed"] += part.pop("placed", [])
+      results.update(part)
+  _print_tables(results)
   from tfopt._io import atomic_write_text
   atomic_write_text(FLAGS.out, json.dumps(results, indent=1), overwrite=True)
   print(f"wrote {FLAGS.out}")

@@ -79,6 +79,8 @@ class Calibration:
     control_messages: cross-device control dependencies cost a message.
     capacity: ops of one sharing group that run at full speed at once.
     shared: whether the devices share cores (one sharing group).
+    op_overhead_us: what each op costs a device's executor beyond its
+      kernel (profiles time kernels alone).
     cores_per_device: cores each device computes on when it has its own
       (pinned: 1), for profiling; None where they share.
     intra_op_threads, inter_op_threads: the devices' thread pools as
@@ -93,6 +95,7 @@ class Calibration:
   control_messages: bool
   capacity: float
   shared: bool
+  op_overhead_us: float = 0.0
   cores_per_device: int | None = None
   intra_op_threads: int | None = None
   inter_op_threads: int | None = None
@@ -128,13 +131,16 @@ class Calibration:
               device_type: str = "CPU") -> Cluster:
     """A Cluster of these devices with the fitted link and sharing."""
     names = list(device_names)
-    return Cluster(tuple(Device(n, device_type, memory_bytes) for n in names),
+    return Cluster(tuple(Device(n, device_type, memory_bytes,
+                                self.op_overhead_us) for n in names),
                    self.comm(), self.sharing(len(names)))
 
   def applied_to(self, cluster: Cluster) -> Cluster:
-    """`cluster`'s devices (names, types, caps) with the fitted link and
-    sharing."""
-    return Cluster(cluster.devices, self.comm(), self.sharing(len(cluster)))
+    """`cluster`'s devices (names, types, caps) with the fitted link, core
+    sharing and per-op overhead."""
+    return Cluster(tuple(dataclasses.replace(
+        d, op_overhead_us=self.op_overhead_us) for d in cluster.devices),
+                   self.comm(), self.sharing(len(cluster)))
 
   # -- Age and provenance --
 
@@ -162,7 +168,7 @@ class Calibration:
             f"{self.created[:10]}): latency {self.link.latency_us:.0f} us, "
             f"{self.link.bandwidth_gbps:.2f} GB/s, overhead {overhead}, "
             f"control edges {'are messages' if self.control_messages else 'free'}"
-            f"; {sharing}")
+            f"; {sharing}; {self.op_overhead_us:.1f} us per op")
     if age > STALE_AFTER_DAYS:
       line += (f"; STALE: {age:.0f} days old (over {STALE_AFTER_DAYS}), "
                f"run experiments.calibrate again")
@@ -178,6 +184,7 @@ class Calibration:
                      "overhead_us": self.link.overhead_us},
             "control_messages": self.control_messages,
             "capacity": self.capacity, "shared": self.shared,
+            "op_overhead_us": self.op_overhead_us,
             "cores_per_device": self.cores_per_device,
             "intra_op_threads": self.intra_op_threads,
             "inter_op_threads": self.inter_op_threads,
@@ -207,6 +214,7 @@ def from_json(doc: Any, *, path: str | None = None) -> Calibration:
                   link.get("overhead_us")),
         control_messages=bool(doc["control_messages"]),
         capacity=doc["capacity"], shared=bool(doc["shared"]),
+        op_overhead_us=float(doc["op_overhead_us"]),
         cores_per_device=doc.get("cores_per_device"),
         intra_op_threads=doc.get("intra_op_threads"),
         inter_op_threads=doc.get("inter_op_threads"),

@@ -15,20 +15,26 @@ from __future__ import annotations
 import dataclasses
 from typing import Sequence
 
-from tfopt._errors import check_positive_int, invalid_argument
+from tfopt._errors import (check_non_negative, check_positive_int,
+                           invalid_argument)
 from tfopt.cost.comm import CommModel
 
 
 @dataclasses.dataclass(frozen=True)
 class Device:
-  """One device: TF device string, type and memory cap (None = unlimited)."""
+  """One device: TF device string, type, memory cap (None = unlimited) and
+  what each op costs its executor beyond the op's kernel time (dispatch,
+  bookkeeping: measured by `tfopt.runtime.fit_cluster`, a few us per op on
+  TensorFlow's CPU executor; profiles time the kernels alone)."""
   name: str
   device_type: str = "GPU"
   memory_bytes: int | None = None
+  op_overhead_us: float = 0.0
 
   def __post_init__(self):
     if not self.name:
       raise invalid_argument("name", "a non-empty TF device string", self.name)
+    check_non_negative("op_overhead_us", self.op_overhead_us)
     if self.memory_bytes is not None and (
         isinstance(self.memory_bytes, bool)
         or not isinstance(self.memory_bytes, int) or self.memory_bytes <= 0):

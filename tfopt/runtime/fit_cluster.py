@@ -22,6 +22,10 @@ threads), measures, and returns a `tfopt.calibration.Calibration`:
    processes of one host share their cores (one group, that capacity); a
    pinned task has one core of its own (its own group, capacity 1: two ops
    it runs at once share that core).
+5. **Per-op overhead.** Chains of 100 and 500 dependent scalar adds on one
+   device: what the executor spends per op beyond its kernel (a profile
+   times kernels alone; a step of hundreds of small ops pays this for
+   each, 5 us or so here).
 """
 
 from __future__ import annotations
@@ -144,6 +148,40 @@ def measure_sharing(devices: Sequence[str], *, target: str = "",
   return alone, together
 
 
+def measure_op_overhead(device: str, *, target: str = "",
+                        config: tf.compat.v1.ConfigProto | None = None,
+                        repeats: int = 7, counts: tuple[int, int] = (100, 500)
+                        ) -> float:
+  """Microseconds a device's executor spends per op beyond a tiny kernel:
+  chains of `counts` dependent scalar adds, the difference of their median
+  times over the difference of their lengths."""
+  graph = tf.Graph()
+  ends = []
+  with graph.as_default(), tf.device(device):
+    x = tf.Variable(0.0)
+    one = tf.constant(1.0)
+    for count in counts:
+      h = x.read_value()
+      for _ in range(count):
+        h = tf.add(h, one)
+      ends.append(h)
+    init = tf.compat.v1.global_variables_initializer()
+  from tfopt.cost.comm_measure import _plain_config  # pylint: disable=g-import-not-at-top
+  with tf.compat.v1.Session(target, graph=graph,
+                            config=_plain_config(config)) as session:
+    session.run(init)
+    times = []
+    for end in ends:
+      session.run(end)
+      samples = []
+      for _ in range(repeats):
+        began = time.perf_counter()
+        session.run(end)
+        samples.append((time.perf_counter() - began) * 1e6)
+      times.append(statistics.median(samples))
+  return max(0.0, (times[1] - times[0]) / (counts[1] - counts[0]))
+
+
 def fit_cluster(kind: str = "logical", num_devices: int = 2, *,
                 sizes: Sequence[int] = DEFAULT_SIZES,
                 counts: Sequence[int] = (1, 2, 4, 8, 16), repeats: int = 5,
@@ -157,15 +195,12 @@ def fit_cluster(kind: str = "logical", num_devices: int = 2, *,
     raise invalid_argument("num_devices", "at least 2 (a link needs two "
                            "devices)", num_devices)
   check_positive_int("repeats", repeats)
-  bar = None
-  if progress:
-    import keras  # pylint: disable=g-import-not-at-top
-    bar = keras.utils.Progbar(3, unit_name="measurement")
+  measure = dict(sizes=sizes, counts=counts, repeats=repeats,
+                 progress=progress)
   if kind == "logical":
     config = tf.compat.v1.ConfigProto(device_count={"CPU": num_devices})
     names = [f"{LOCAL_PREFIX}{i}" for i in range(num_devices)]
-    return _measure(kind, names, "", config, sizes, counts, repeats, bar,
-                    threads=(None, None))
+    return calibrate_devices(kind, names, config=config, **measure)
   from tfopt.runtime.processes import LoopbackServers, pinned_cpus  # pylint: disable=g-import-not-at-top
   pinned = kind == "pinned"
   threads = ((PINNED_INTRA_OP_THREADS, PINNED_INTER_OP_THREADS) if pinned
@@ -174,13 +209,28 @@ def fit_cluster(kind: str = "logical", num_devices: int = 2, *,
                        cpus=pinned_cpus(num_devices) if pinned else None,
                        intra_op_threads=threads[0],
                        inter_op_threads=threads[1]) as servers:
-    return _measure(kind, servers.device_names, servers.target, None, sizes,
-                    counts, repeats, bar, threads=threads)
+    return calibrate_devices(kind, servers.device_names,
+                             target=servers.target, threads=threads,
+                             **measure)
 
 
-def _measure(kind, names, target, config, sizes, counts, repeats, bar, *,
-             threads) -> Calibration:
-  """The three measurements between names[1] -> names[0] (module doc)."""
+def calibrate_devices(kind: str, names: Sequence[str], *, target: str = "",
+                      config: tf.compat.v1.ConfigProto | None = None,
+                      sizes: Sequence[int] = DEFAULT_SIZES,
+                      counts: Sequence[int] = (1, 2, 4, 8, 16),
+                      repeats: int = 5, threads=(None, None),
+                      progress: bool = False) -> Calibration:
+  """The measurements of the module doc between running devices `names`
+  of `kind` (names[1] -> names[0]); `threads` are their (intra-op,
+  inter-op) thread counts, recorded in the Calibration."""
+  if kind not in KINDS:
+    raise invalid_argument("kind", f"one of {list(KINDS)}", kind)
+  if len(names) < 2:
+    raise invalid_argument("names", "at least two device strings", names)
+  bar = None
+  if progress:
+    import keras  # pylint: disable=g-import-not-at-top
+    bar = keras.utils.Progbar(3, unit_name="measurement")
   pair = {"src_device": names[1], "dst_device": names[0], "target": target,
           "config": config}
   link, link_fit = fit_link(measure_transfer_times(sizes, repeats=repeats,
@@ -200,6 +250,8 @@ def _measure(kind, names, target, config, sizes, counts, repeats, bar, *,
     bar.update(2)
   alone, together = measure_sharing(names, target=target, config=config,
                                     repeats=max(repeats, 7))
+  op_overhead = measure_op_overhead(names[0], target=target, config=config,
+                                    repeats=max(repeats, 7))
   capacity = fit_capacity(alone, together)
   if bar:
     bar.update(3)
@@ -207,7 +259,7 @@ def _measure(kind, names, target, config, sizes, counts, repeats, bar, *,
   return Calibration(
       kind=kind, num_devices=len(names), link=link, control_messages=True,
       capacity=1.0 if pinned else capacity, shared=not pinned,
-      cores_per_device=1 if pinned else None,
+      op_overhead_us=op_overhead, cores_per_device=1 if pinned else None,
       intra_op_threads=threads[0], inter_op_threads=threads[1],
       fit={**link_fit, "batches": batches, "overhead_relative_rms":
            overhead_rms, "chain_alone_us": alone,

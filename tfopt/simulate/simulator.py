@@ -8,6 +8,8 @@ Timing model (Baechi's, with two measured refinements):
   * One compute stream per device. A device runs one op at a time; among the
     ops ready on a free device the earliest in topological order runs first
     (or the lowest of a given `priority`, e.g. a placer's own start times).
+    An op takes its compute time plus its device's `op_overhead_us` (the
+    executor's own work per op).
   * Devices that share cores (`Cluster.sharing`: logical CPUs of one
     process) divide them: while n ops of one sharing group run, each
     advances at min(1, capacity / n) of its profiled speed. Without
@@ -197,6 +199,7 @@ class _Timeline:
     self.graph, self.device, self.op_cost, self.rank = (graph, device,
                                                         op_cost, rank)
     self.comm = cluster.comm
+    self.overhead = [dev.op_overhead_us for dev in cluster.devices]
     num = len(cluster)
     sharing = cluster.sharing or ComputeSharing.alone(num)
     self.sharing = sharing
@@ -256,7 +259,8 @@ class _Timeline:
         self.start[name] = now
         group = self.group[d]
         self._advance(group, now)
-        self.running_in[group][name] = [self.op_cost[name].compute_us, now]
+        self.running_in[group][name] = [
+            self.op_cost[name].compute_us + self.overhead[d], now]
         touched.add(group)
     for group in touched:
       self._reshare(group, now)
