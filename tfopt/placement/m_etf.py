@@ -79,7 +79,7 @@ def m_etf(problem: PlacementProblem, reserve: float | None = None,
     group_allowed = [tuple(d for d in a if d < max_devices) or a
                      for a in group_allowed]
   compute = [problem.compute_us(n) for n in names]
-  overhead = [d.op_overhead_us for d in problem.cluster.devices]
+  op_overhead = [d.op_overhead_us for d in problem.cluster.devices]
   ins = [tuple((index[e.src], e.src_output, e.bytes, e.is_control)
                for e in graph.in_edges(n)) for n in names]
   outs = [tuple(index[e.dst] for e in graph.out_edges(n)) for n in names]
@@ -173,10 +173,10 @@ def m_etf(problem: PlacementProblem, reserve: float | None = None,
         ready = t
     held = reserved.get(d)
     if held is not None and held[0] != i and \
-        ready + compute[i] + overhead[d] > held[1]:
+        ready + compute[i] + op_overhead[d] > held[1]:
       # d idles for its favourite child: only work that ends before the
       # child starts may go first; anything else waits for the child.
-      ready = max(ready, held[1] + compute[held[0]] + overhead[d])
+      ready = max(ready, held[1] + compute[held[0]] + op_overhead[d])
     return ready, need, copies
 
   def key_of(i):
@@ -246,7 +246,7 @@ def m_etf(problem: PlacementProblem, reserve: float | None = None,
     if group_device[g] < 0:
       group_device[g] = d
     place[i] = d
-    finish[i] = start + compute[i] + overhead[d]
+    finish[i] = start + compute[i] + op_overhead[d]
     dev_free[d] = finish[i]
     cache[i] = None
     for j in outs[i]:
@@ -254,6 +254,6 @@ def m_etf(problem: PlacementProblem, reserve: float | None = None,
       if pending[j] == 0:
         make_ready(j, heap)
   if timeline is not None:
-    timeline.update({names[i]: finish[i] - compute[i] - overhead[place[i]]
+    timeline.update({names[i]: finish[i] - compute[i] - op_overhead[place[i]]
                      for i in range(n_ops)})
   return Placement({names[i]: place[i] for i in range(n_ops)}, num)
