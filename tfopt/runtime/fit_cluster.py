@@ -108,8 +108,8 @@ def measure_sharing(devices: Sequence[str], *, target: str = "",
                     ) -> tuple[float, float]:
   """(alone, together) microseconds summed over `chains`: for each (size,
   depth), a chain of `depth` size x size MatMuls on devices[0], then one
-  such chain on each of devices[0] and [1] at once (medians over `repeats`
-  runs)."""
+  such chain on each of devices[0] and [1] at once, alternately, `repeats`
+  times (medians)."""
   if len(devices) < 2:
     raise invalid_argument("devices", "at least two device strings", devices)
   graph = tf.Graph()
@@ -133,18 +133,20 @@ def measure_sharing(devices: Sequence[str], *, target: str = "",
   with tf.compat.v1.Session(target, graph=graph,
                             config=_plain_config(config)) as session:
     session.run(init)
-
-    def timed(fetch):
-      session.run(fetch)
-      samples = []
+    for ends in built:  # warm-up: allocations, kernels
+      session.run(ends)
+    alone, together = 0.0, 0.0
+    # Interleaved rounds, medians: drift on a shared machine touches both.
+    for ends in built:
+      pairs = []
       for _ in range(repeats):
         began = time.perf_counter()
-        session.run(fetch)
-        samples.append((time.perf_counter() - began) * 1e6)
-      return statistics.median(samples)
-
-    alone = sum(timed(ends[0]) for ends in built)
-    together = sum(timed(ends) for ends in built)
+        session.run(ends[0])
+        middle = time.perf_counter()
+        session.run(ends)
+        pairs.append((middle - began, time.perf_counter() - middle))
+      alone += statistics.median(a for a, _ in pairs) * 1e6
+      together += statistics.median(t for _, t in pairs) * 1e6
   return alone, together
 
 
