@@ -279,10 +279,15 @@ def placed_section(model_name, calibration_paths, rounds, steps):
         for session in sessions:
           session.close()
       timeline = compare_timeline(sim_after, measure_timeline(
-          step, placed, inputs, names, target=target, config=config))
+          step, placed, inputs, names, target=target, config=config,
+          cores_per_device=calibration.cores_per_device))
       selection = select_measured(step, pre, plan, names, inputs,
                                   target=target, config=config, steps=steps,
-                                  rounds=2)
+                                  rounds=rounds)
+    # The pick against one device of the same rounds (where one device was
+    # a candidate: its cap held), else against the one-device timing above.
+    alone_in_rounds = next((c.measured_us for c in selection.candidates
+                            if c.placer == "single" and c.measured_us), None)
     row = {
         "model": model_name, "config": label, "placer": plan.placer,
         "place_s": place_s, "devices_used": len(set(placement.values())),
@@ -295,7 +300,8 @@ def placed_section(model_name, calibration_paths, rounds, steps):
         "measured_over_simulated_after": placed_us / sim_after.makespan_us,
         "measured_select": selection.best.placer,
         "measured_select_ms": selection.best.measured_us / 1e3,
-        "measured_select_over_one": selection.best.measured_us / one_us,
+        "measured_select_over_one": selection.best.measured_us / (
+            alone_in_rounds or one_us),
         "selection": selection.table(), "timeline": timeline.table()}
     rows.append(row)
     print(f"  {model_name}, {label}: " + json.dumps(

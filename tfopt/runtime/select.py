@@ -5,9 +5,9 @@ runs the best few distinct plans, and the whole step on one device when
 that plan fits its cap, for a few steps each on the real devices, and keeps
 the fastest *measured* one. Each candidate gets its own session, one at a
 time (a session holds a copy of the variables on its devices: two at once
-would double the memory a capped device holds), for `rounds` rounds so that
-drift on a shared machine touches every candidate; its time is the median
-of all its timed steps. The table shows predicted and measured times side
+would double the memory a capped device holds), for `rounds` rounds, every
+other one in reverse order, so that drift on a shared machine touches every
+candidate alike; its time is the median of all its timed steps. The table shows predicted and measured times side
 by side. With it, "never slower than one device" holds on the clock where
 one device is among the candidates.
 """
@@ -92,7 +92,7 @@ def candidate_plans(result, limit: int) -> list[MeasuredCandidate]:
 
 def select_measured(step, placed_graph_def, result, device_names:
                     Sequence[str], inputs, *, candidates: int = 3,
-                    steps: int = 5, warmup: int = 2, rounds: int = 2,
+                    steps: int = 5, warmup: int = 2, rounds: int = 3,
                     target: str = "", config=None) -> Selection:
   """Measures the candidate plans of `result` (see module doc).
 
@@ -117,8 +117,12 @@ def select_measured(step, placed_graph_def, result, device_names:
       placed_graph_def, p.placement, device_names))[0] for p in plans]
   times: list[list[float]] = [[] for _ in plans]
   errors: list[str | None] = [None] * len(plans)
-  for _ in range(rounds):
-    for i, graph in enumerate(graphs):
+  for r in range(rounds):
+    # Every other round backwards: drift on a shared machine then falls on
+    # every candidate alike.
+    order = range(len(plans)) if r % 2 == 0 else reversed(range(len(plans)))
+    for i in order:
+      graph = graphs[i]
       if errors[i] is None:
         try:
           times[i] += _timed_steps(step, graph, inputs, steps, warmup,

@@ -63,20 +63,28 @@ def _device_index(name: str, device_names: Sequence[str]) -> int:
 
 
 def read_timeline(run_metadata, device_names: Sequence[str],
-                  ops: set[str] | None = None) -> MeasuredStep:
+                  ops: set[str] | None = None,
+                  cores_per_device: int | None = None) -> MeasuredStep:
   """The MeasuredStep in a traced run's metadata; only ops in `ops` (None:
-  every node with a kernel time) count."""
+  every node with a kernel time) count. With `cores_per_device` (a pinned
+  task running two ops at once on one core), each op's interval ends
+  after its share of the core (`profile.shared_times`), not its wall
+  time: busy times then count the core once."""
+  from tfopt.cost.profile import shared_times  # pylint: disable=g-import-not-at-top
   times, rpcs = {}, []
   for dev in run_metadata.step_stats.dev_stats:
     d = _device_index(dev.device, device_names)
+    shared = (shared_times(dev.node_stats, cores_per_device, ops)
+              if cores_per_device else {})
     for ns in dev.node_stats:
       if ns.node_name == "RecvTensor":
         rpcs.append(ns)
       elif ns.op_end_rel_nanos and (ops is None or ns.node_name in ops):
-        times[ns.node_name] = (d, (ns.all_start_nanos +
-                                   ns.op_start_rel_nanos) / 1e3,
-                               (ns.all_start_nanos + ns.op_end_rel_nanos) /
-                               1e3)
+        start = (ns.all_start_nanos + ns.op_start_rel_nanos) / 1e3
+        end = (ns.all_start_nanos + ns.op_end_rel_nanos) / 1e3
+        if ns.node_name in shared:
+          end = start + shared[ns.node_name]
+        times[ns.node_name] = (d, start, end)
   if not times:
     return MeasuredStep({}, None, 0.0)
   origin = min(start for _, start, _ in times.values())
@@ -98,9 +106,11 @@ def read_timeline(run_metadata, device_names: Sequence[str],
 
 def measure_timeline(step, graph_def, inputs: Sequence, device_names:
                      Sequence[str], *, target: str = "", config=None,
-                     warmup: int = 3) -> MeasuredStep:
+                     warmup: int = 3, cores_per_device: int | None = None
+                     ) -> MeasuredStep:
   """Runs `graph_def` (`warmup` untraced steps, then one traced) and reads
-  its timeline; the variables start from the step's and are not kept."""
+  its timeline (`read_timeline`); the variables start from the step's and
+  are not kept."""
   from tfopt.graph.capture import opgraph_from_graphdef  # pylint: disable=g-import-not-at-top
   ops = {op.name for op in opgraph_from_graphdef(graph_def,
                                                  inline=False).ops}
@@ -112,7 +122,7 @@ def measure_timeline(step, graph_def, inputs: Sequence, device_names:
     session.run(inputs, options=tf.compat.v1.RunOptions(
         trace_level=tf.compat.v1.RunOptions.FULL_TRACE),
                 run_metadata=metadata)
-  return read_timeline(metadata, device_names, ops)
+  return read_timeline(metadata, device_names, ops, cores_per_device)
 
 
 def _most_at_once(spans) -> int:
