@@ -9,7 +9,7 @@ speed-up), pass-pipeline time on large training graphs.
    the same process, interleaved in rounds; the speed-up is the median of the
    per-round ratios unfused / fused.
 2. Calibration: 2 and 4 logical CPU devices and 2 server tasks pinned to a
-   core each, fitted once (`tfopt.runtime.fit_cluster`).
+   core each, fitted once (`tfopt.runtime.calibrate`).
 3. Placed steps: the MLP, the CNN, a Transformer LM, GNMT and the towers
    model (parallel branches), each on 2 and 4 logical devices and 2 pinned
    tasks: the plan `select="simulated"` picks on the calibrated cluster
@@ -165,9 +165,9 @@ CONFIGS = (("logical", 2), ("logical", 4), ("pinned", 2))
 
 
 def calibrate_section(out_dir):
-  """Each configuration's kind calibrated once (tfopt.runtime.fit_cluster),
+  """Each configuration's kind calibrated once (tfopt.runtime.calibrate),
   saved under `out_dir`; the placed sections read the files."""
-  from tfopt.runtime.fit_cluster import fit_cluster
+  from tfopt.runtime.calibrate import fit_cluster
   paths, described = {}, {}
   for kind, n in CONFIGS:
     calibration = fit_cluster(kind, n, progress=False)

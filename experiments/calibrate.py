@@ -64,7 +64,7 @@ def main(argv):
     raise app.UsageError(f"{FLAGS.out} exists; pass --overwrite to replace "
                          f"it.")
   import tfopt  # noqa: F401  pylint: disable=g-import-not-at-top,unused-import
-  from tfopt.runtime.fit_cluster import fit_cluster  # pylint: disable=g-import-not-at-top
+  from tfopt.runtime.calibrate import fit_cluster  # pylint: disable=g-import-not-at-top
   if kind == "pinned" and count > len(os.sched_getaffinity(0)):
     raise app.UsageError(f"--devices={FLAGS.devices}: pinned tasks need a "
                          f"core each; this process may use "

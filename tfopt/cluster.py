@@ -6,7 +6,7 @@ are both just clusters: a placer only sees indices, caps, a CommModel and a
 ComputeSharing. Logical CPUs of one process run on the same cores (and
 server processes of one host do, unless each is pinned to its own): two
 ops "in parallel" on them share those cores, which `ComputeSharing` tells
-the simulator. `tfopt.runtime.fit_cluster` fits both on the real machine;
+the simulator. `tfopt.runtime.calibrate` fits both on the real machine;
 `tfopt.calibration` saves and reloads them.
 """
 
@@ -24,7 +24,7 @@ from tfopt.cost.comm import CommModel
 class Device:
   """One device: TF device string, type, memory cap (None = unlimited) and
   what each op costs its executor beyond the op's kernel time (dispatch,
-  bookkeeping: measured by `tfopt.runtime.fit_cluster`, a few us per op on
+  bookkeeping: measured by `tfopt.runtime.calibrate`, a few us per op on
   TensorFlow's CPU executor; profiles time the kernels alone)."""
   name: str
   device_type: str = "GPU"

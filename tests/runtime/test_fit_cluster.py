@@ -11,7 +11,7 @@ import pytest
 
 from tfopt.cost import Link
 from tfopt.cost.comm import fit_overhead
-from tfopt.runtime.fit_cluster import fit_capacity, fit_link
+from tfopt.runtime.calibrate import fit_capacity, fit_link
 
 
 def test_fits_recover_known_parameters_from_synthetic_measurements():
@@ -69,7 +69,7 @@ def test_calibrate_command_on_logical_devices(tmp_path):
 
 @pytest.mark.slow
 def test_pinned_tasks_are_calibrated_apart():
-  from tfopt.runtime.fit_cluster import fit_cluster
+  from tfopt.runtime.calibrate import fit_cluster
   from tfopt.runtime.processes import pinned_cpus
   try:
     pinned_cpus(2)

@@ -5,7 +5,7 @@ each transfer holding the sender's and the receiver's channel for all of it,
 and control dependencies free.
 
 Two refinements describe TensorFlow's own transports (fitted by
-`tfopt.runtime.fit_cluster`, saved by `tfopt.calibration`):
+`tfopt.runtime.calibrate`, saved by `tfopt.calibration`):
   * `Link.overhead_us`: the part of the latency that occupies the channels.
     gRPC keeps many tensors in flight between two tasks: each costs the
     channels only its overhead plus its bytes, and arrives `latency_us`

@@ -6,7 +6,7 @@ process (remote.py), a Keras model's variables moved onto planned devices
 (variables.py), XLA per device (xla.py), the simulator's prediction against
 the clock (prediction.py), what a placed step really did op by op
 (timeline.py), and the fit of a cluster's link and core sharing
-(fit_cluster.py; saved by tfopt.calibration)."""
+(calibrate.py; saved by tfopt.calibration)."""
 
 from tfopt._lazy import lazy_getattr
 
@@ -34,7 +34,8 @@ _LAZY = {
     "mark_for_xla": "tfopt.runtime.xla",
     "Prediction": "tfopt.runtime.prediction",
     "check_prediction": "tfopt.runtime.prediction",
-    "fit_cluster": "tfopt.runtime.fit_cluster",
+    "calibrate_devices": "tfopt.runtime.calibrate",
+    "fit_cluster": "tfopt.runtime.calibrate",
     "MeasuredStep": "tfopt.runtime.timeline",
     "TimelineComparison": "tfopt.runtime.timeline",
     "compare_timeline": "tfopt.runtime.timeline",

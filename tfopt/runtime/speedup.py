@@ -71,7 +71,7 @@ def pinned_devices(num_devices: int = 2):
   profiled and timed alone), and `num_devices` tasks pinned to a core each
   (one intra-op thread, two inter-op threads: a Send is not queued behind
   the op running)."""
-  from tfopt.runtime.fit_cluster import (PINNED_INTER_OP_THREADS,  # pylint: disable=g-import-not-at-top
+  from tfopt.runtime.calibrate import (PINNED_INTER_OP_THREADS,  # pylint: disable=g-import-not-at-top
                                          PINNED_INTRA_OP_THREADS)
   from tfopt.runtime.processes import LoopbackServers, pinned_cpus  # pylint: disable=g-import-not-at-top
   cores = pinned_cpus(num_devices)
@@ -97,7 +97,7 @@ def measure_pinned_speedup(step, graph_def, inputs, *, num_devices: int = 2,
   (module doc). `graph_def` is the step's graph after the rewrites that
   come before placement (e.g. prune,identity,fold,fuse)."""
   from tfopt.cost.profile import profile_step  # pylint: disable=g-import-not-at-top
-  from tfopt.runtime.fit_cluster import (PINNED_INTER_OP_THREADS,  # pylint: disable=g-import-not-at-top
+  from tfopt.runtime.calibrate import (PINNED_INTER_OP_THREADS,  # pylint: disable=g-import-not-at-top
                                          PINNED_INTRA_OP_THREADS,
                                          calibrate_devices)
   for name, value in (("steps", steps), ("rounds", rounds)):
