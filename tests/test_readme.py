@@ -85,6 +85,11 @@ def _check_output(command: str, out: str, seen: dict) -> None:
       assert line in out, (line, out[-3000:])
   elif "experiments.profile" in command:
     assert "critical path" in out and "wrote" in out
+  elif "experiments.calibrate" in command:
+    assert "calibrated logical x2" in out and "wrote" in out, out[-2000:]
+  elif "experiments.run_placed" in command:
+    assert "chosen by measurement" in out, out[-3000:]
+    assert "ran where planned" in out and "simulated" in out, out[-3000:]
   elif "experiments.place" in command:
     assert re.search(r"feasible\s+True", out), out[-2000:]
     if "place_gnmt_4dev" in command:
@@ -213,6 +218,20 @@ def test_command_extraction_oracle():
           "make test\n")
   assert _commands(text) == ["python -m a --x=1 --y=2", "make test"]
   assert _commands("") == []
+
+
+@pytest.mark.slow
+def test_clock_example_runs(tmp_path):
+  code = _python_block("### Placement judged by the clock")
+  assert 'select="measured"' in code and "fit_cluster" in code
+  code = code.replace("/tmp/", f"{tmp_path}/").replace(
+      "epochs=2)", "epochs=1, verbose=0)")
+  done = subprocess.run([sys.executable, "-c", code], cwd=ROOT,
+                        capture_output=True, text=True, timeout=600,
+                        check=False)
+  assert done.returncode == 0, done.stderr[-3000:]
+  assert "chosen by measurement" in done.stdout, done.stdout[-3000:]
+  assert "cluster: calibrated logical x2" in done.stdout
 
 
 @pytest.mark.slow
