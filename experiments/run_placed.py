@@ -4,15 +4,16 @@
         --memory_fraction=0.15 --out_dir=.demo
 
 Builds the model, captures and profiles its training step, runs the pass
-pipeline prune,identity,fold,fuse,coarsen,place (each rewrite verified by
-running the step before and after it), places it on --devices logical CPU
+pipeline prune,identity,fold,fuse,coarsen,place,control (each rewrite
+verified by running the step before and after it), places it on --devices logical CPU
 devices capped at --memory_fraction of the step's total memory, prints the
 comparison of every placer (single device included), runs --steps placed
 training steps and checks the loss and variables equal the unplaced step's
 and that every op ran where the plan put it; with --processes also across
 that many TensorFlow server processes on loopback. Then the XLA report,
-the Gantt chart of the chosen schedule, the calibration (measured vs
-simulated step time) and a SavedModel of the model trained by the placed
+the Gantt chart of the chosen schedule, the prediction against the clock
+(measured vs simulated step time, and one traced step beside its
+simulation) and a SavedModel of the model trained by the placed
 steps, checked with saved_model_cli, reloaded and asked a PredictRequest.
 
 Expected on the command above (2-core CPU VM, under a minute): the pipeline
@@ -24,8 +25,10 @@ and variables equal the unplaced step's to 1e-5 and all 514 ops ran where
 planned, in-process and across 4 processes; XLA compiles about 480 ops in
 per-device clusters (not the fused op); measured / simulated step time
 about 0.7-0.8 (the logical devices share memory, so their copies cost less
-than the PCIe-like link the plan assumed). Files in --out_dir: gantt.png,
-plan.json, saved_model/.
+than the PCIe-like link the plan assumed; `--calibration` with a file from
+`experiments.calibrate` gives the simulator this machine's link and core
+sharing, `--select=measured` lets the clock choose the plan). Files in
+--out_dir: gantt.png, plan.json, saved_model/.
 """
 
 from __future__ import annotations
@@ -76,21 +79,21 @@ flags.DEFINE_string("model_kwargs", "{}", "JSON dict of zoo overrides.")
 def main(argv):
   del argv
   apply_config()
-  import tensorflow as tf
   from absl import logging  # pylint: disable=g-import-not-at-top
   logging.set_verbosity(logging.WARNING)  # TF's SavedModel INFO lines
+  outputs, kwargs = _checked_flags()
+  model, batches, step, costs = _captured(kwargs)
+  placed, plan, ctx, cluster = _placed(step, batches, costs)
+  reference, ran = _run_for_real(step, batches, placed, plan, costs,
+                                 cluster.memory_caps[0])
+  _xla_report(step, batches, placed, reference)
+  _prediction_report(step, placed, costs, cluster, batches[0], ctx)
+  _write_outputs(outputs, model, step, plan, ran)
 
-  from tfopt import export
-  from tfopt.cost.profile import profile_step
-  from tfopt.graph import capture_train_step
-  from tfopt.graph.synthetic import total_memory
-  from tfopt.passes import PassContext, PassManager, PassError
-  from tfopt.runtime import (LoopbackServers, check_prediction, check_rewritten,
-                             compare_runs, compare_timeline, compile_step,
-                             local_cluster, measure_timeline, run_and_compare,
-                             run_steps, session_config)
-  from tfopt.simulate.gantt import draw_gantt
 
+def _checked_flags() -> tuple[dict, dict]:
+  """The output paths (refusing to replace files unless --overwrite) and
+  the zoo overrides; usage errors name the flag."""
   if not FLAGS.memory_fraction > 0:
     raise app.UsageError(f"--memory_fraction must be > 0. Received: "
                          f"{FLAGS.memory_fraction}")
@@ -111,8 +114,15 @@ def main(argv):
     kwargs = json.loads(FLAGS.model_kwargs)
   except json.JSONDecodeError as err:
     raise app.UsageError(f"--model_kwargs is not JSON: {err}") from None
+  return outputs, kwargs
 
+
+def _captured(kwargs):
+  """The zoo model, --steps batches, its captured step and its profile."""
   import keras  # pylint: disable=g-import-not-at-top
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  from tfopt.cost.profile import profile_step  # pylint: disable=g-import-not-at-top
+  from tfopt.graph import capture_train_step  # pylint: disable=g-import-not-at-top
   keras.utils.set_random_seed(0)
   model = zoo.build(FLAGS.model, **kwargs)
   batches = [[*tf.nest.flatten(b)] for b in
@@ -122,7 +132,18 @@ def main(argv):
   print(f"captured {model.name}: {len(step.graph)} ops")
   costs = profile_step(step, inputs=batches[0], steps=3, warmup=1,
                        progress=True)
-  cap = int(total_memory(step.graph, costs) * FLAGS.memory_fraction)
+  return model, batches, step, costs
+
+
+def _placed(step, batches, costs):
+  """The pass pipeline on --devices logical CPUs (each changing pass
+  verified), the placement table and, with --select=measured, the
+  candidates' times. Returns (graph, plan, context, cluster)."""
+  from tfopt.graph.synthetic import total_memory  # pylint: disable=g-import-not-at-top
+  from tfopt.passes import PassContext, PassError, PassManager  # pylint: disable=g-import-not-at-top
+  from tfopt.runtime import local_cluster, run_and_compare  # pylint: disable=g-import-not-at-top
+  total = total_memory(step.graph, costs)
+  cap = int(total * FLAGS.memory_fraction)
   cluster = local_cluster(FLAGS.devices, cap)
   if FLAGS.calibration:
     calibration = _load_calibration(FLAGS.calibration)
@@ -145,18 +166,26 @@ def main(argv):
   print(f"\npass pipeline ({time.perf_counter() - started:.1f} s, every "
         f"changing pass verified by running the step before and after):")
   print(result.table())
-  placed = result.graph
   plan = ctx.results.get("placement")
   if plan is not None:
     print(f"\nplacement on {FLAGS.devices} devices, cap {cap / 1e6:.1f} MB "
-          f"each ({FLAGS.memory_fraction:g} of {total_memory(step.graph, costs) / 1e6:.1f} MB):")
+          f"each ({FLAGS.memory_fraction:g} of {total / 1e6:.1f} MB):")
     print(plan.table())
     print(f"chosen {plan.placer}: predicted {plan.makespan_us / 1e3:.2f} ms "
           f"vs single device {plan.single_device_us / 1e3:.2f} ms, lower "
           f"bound {plan.lower_bound_us / 1e3:.2f} ms")
     if "selection" in ctx.results:
       print(ctx.results["selection"].table())
+  return result.graph, plan, ctx, cluster
 
+
+def _run_for_real(step, batches, placed, plan, costs, cap):
+  """The placed steps against the unplaced ones in this process and, with
+  --processes, across server processes. Returns (reference run, placed
+  run)."""
+  from tfopt.passes import PassContext, PassError, PassManager  # pylint: disable=g-import-not-at-top
+  from tfopt.runtime import (LoopbackServers, check_rewritten, run_steps,  # pylint: disable=g-import-not-at-top
+                             session_config)
   reference = run_steps(step, batches)
   ran, check = check_rewritten(step, batches, placed, reference=reference,
                                what="placed step")
@@ -164,29 +193,35 @@ def main(argv):
   print(f"\nplaced steps: losses {losses} equal the unplaced step's; "
         f"variables equal; {check.checked} ops ran where planned "
         f"({len(set(n.device for n in placed.node))} devices)")
-  if FLAGS.processes:
-    # The same plan on server tasks when the counts match; otherwise a new
-    # plan with the same total memory.
-    same = FLAGS.processes == FLAGS.devices and plan is not None
-    task_cap = cap if same else int(cap * FLAGS.devices / FLAGS.processes)
-    with LoopbackServers(FLAGS.processes) as servers:
-      pctx = PassContext.for_step(step, costs=costs,
-                                  cluster=servers.cluster(task_cap),
-                                  placer=FLAGS.placer,
-                                  placement=plan.placement if same else None)
-      try:
-        remote = PassManager(FLAGS.pipeline).run(step.graph_def, pctx).graph
-      except PassError as err:
-        raise SystemExit(f"error: {err}") from None
-      _, pcheck = check_rewritten(step, batches, remote, reference=reference,
-                                  target=servers.target,
-                                  config=session_config(),
-                                  what="multi-process step")
-      print(f"across {FLAGS.processes} server processes "
-            f"({'the same plan' if same else 'its own plan'}): losses and "
-            f"variables equal the unplaced step's; {pcheck.checked} ops ran "
-            f"on their planned task")
+  if not FLAGS.processes:
+    return reference, ran
+  # The same plan on server tasks when the counts match; otherwise a new
+  # plan with the same total memory.
+  same = FLAGS.processes == FLAGS.devices and plan is not None
+  task_cap = cap if same else int(cap * FLAGS.devices / FLAGS.processes)
+  with LoopbackServers(FLAGS.processes) as servers:
+    pctx = PassContext.for_step(step, costs=costs,
+                                cluster=servers.cluster(task_cap),
+                                placer=FLAGS.placer,
+                                placement=plan.placement if same else None)
+    try:
+      remote = PassManager(FLAGS.pipeline).run(step.graph_def, pctx).graph
+    except PassError as err:
+      raise SystemExit(f"error: {err}") from None
+    _, pcheck = check_rewritten(step, batches, remote, reference=reference,
+                                target=servers.target,
+                                config=session_config(),
+                                what="multi-process step")
+    print(f"across {FLAGS.processes} server processes "
+          f"({'the same plan' if same else 'its own plan'}): losses and "
+          f"variables equal the unplaced step's; {pcheck.checked} ops ran "
+          f"on their planned task")
+  return reference, ran
 
+
+def _xla_report(step, batches, placed, reference) -> None:
+  """The placed step compiled by XLA per device, or why not."""
+  from tfopt.runtime import compare_runs, compile_step  # pylint: disable=g-import-not-at-top
   xla = compile_step(step, batches, graph_def=placed)
   if xla.compiled:
     # XLA reorders reductions: Adam's first updates (about lr * sign(g))
@@ -198,20 +233,33 @@ def main(argv):
   if not xla.compiled and FLAGS.devices > 1:
     single = compile_step(step, batches, graph_def=_unplaced(placed))
     print("on one device: " + single.summary())
-  prediction = check_prediction(step, placed, costs, cluster, batches[0],
+
+
+def _prediction_report(step, placed, costs, cluster, inputs, ctx) -> None:
+  """The placed step's simulated time against the clock, and one traced
+  step beside its simulation."""
+  from tfopt.runtime import (check_prediction, compare_timeline,  # pylint: disable=g-import-not-at-top
+                             measure_timeline)
+  prediction = check_prediction(step, placed, costs, cluster, inputs,
                                 fused=ctx.fused)
   print(f"\nprediction: measured {prediction.measured_us / 1e3:.2f} ms vs "
         f"simulated {prediction.predicted_us / 1e3:.2f} ms per step "
         f"(ratio {prediction.ratio:.2f}); one traced step beside its "
         f"simulation:")
   print(compare_timeline(prediction.schedule, measure_timeline(
-      step, placed, batches[0], [d.name for d in cluster.devices])).table())
+      step, placed, inputs, [d.name for d in cluster.devices])).table())
 
+
+def _write_outputs(outputs, model, step, plan, ran) -> None:
+  """The Gantt chart and plan (when placed) and a checked SavedModel of the
+  model the placed steps trained."""
+  from tfopt import export  # pylint: disable=g-import-not-at-top
+  from tfopt._io import atomic_write_text  # pylint: disable=g-import-not-at-top
+  from tfopt.simulate.gantt import draw_gantt  # pylint: disable=g-import-not-at-top
   if plan is not None:
     draw_gantt(plan.schedule, outputs["gantt"], title=(
         f"{model.name} on {FLAGS.devices} devices ({plan.placer})"),
                overwrite=FLAGS.overwrite)
-    from tfopt._io import atomic_write_text  # pylint: disable=g-import-not-at-top
     atomic_write_text(outputs["plan"], json.dumps(
         {"placer": plan.placer, "makespan_us": plan.makespan_us,
          "placement": dict(plan.placement)}, indent=1),

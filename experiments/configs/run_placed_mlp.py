@@ -7,7 +7,7 @@ processes: the smallest run of the placed-step pipeline.
 Expected (2-core CPU, about 20 s): 3 _FusedMatMul added, a plan chosen
 within 0.3 of the memory per device, 2 placed steps equal to the unplaced
 step with every op where planned, the same across 2 server processes, the
-calibration line and a SavedModel checked through a PredictRequest over
+prediction line and a SavedModel checked through a PredictRequest over
 gRPC.
 """
 

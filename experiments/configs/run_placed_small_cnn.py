@@ -9,7 +9,8 @@ Expected (2-core CPU, about 30 s): the pass table (_FusedConv2D and
 _FusedMatMul added), the placement table with the chosen plan (one device
 alone is over the cap), 3 placed steps whose losses and variables equal the
 unplaced step's with every op where planned, the same across 4 server
-processes, an XLA report, calibration (measured vs simulated), .demo/
+processes, an XLA report, the prediction against the clock (measured vs
+simulated, one traced step beside its simulation), .demo/
 gantt.png, .demo/plan.json and a checked SavedModel in .demo/saved_model.
 """
 

@@ -10,8 +10,8 @@ are tasks each pinned to a core of its own, one intra-op thread each
 1. profiles the step on one pinned task (one core, one intra-op and one
    inter-op thread: each op's time is its own) -- the device of the same
    kind the placed step is compared with;
-2. fits the link between two pinned tasks (`fit_cluster`'s measurements on
-   them) and places the step with tfopt's portfolio on the calibrated
+2. calibrates the pinned tasks (`calibrate_devices`: link, overlap, control
+   messages) and places the step with tfopt's portfolio on the calibrated
    cluster, then the control pass;
 3. checks the placed step (same losses and updates, every op where
    planned) and times it, the one-task step, and the honest baseline a user
