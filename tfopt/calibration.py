@@ -166,7 +166,7 @@ class Calibration:
     age = self.age_days()
     line = (f"calibrated {self.kind} x{self.num_devices} ({where}, "
             f"{self.created[:10]}): latency {self.link.latency_us:.0f} us, "
-            f"{self.link.bandwidth_gbps:.2f} GB/s, overhead {overhead}, "
+            f"{self.link.bandwidth_gbps:.3g} GB/s, overhead {overhead}, "
             f"control edges {'are messages' if self.control_messages else 'free'}"
             f"; {sharing}; {self.op_overhead_us:.1f} us per op")
     if age > STALE_AFTER_DAYS:

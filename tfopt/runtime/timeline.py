@@ -31,7 +31,10 @@ _UNITS = {"B": 1, "KB": 1 << 10, "MB": 1 << 20, "GB": 1 << 30}
 @dataclasses.dataclass(frozen=True)
 class MeasuredTransfer:
   """One RecvTensor call: `tensor` (an op name) from device `src` to
-  `dst`, about `bytes` (TensorFlow rounds its label), start and end."""
+  `dst`, about `bytes` (TensorFlow rounds its label), start and end. The
+  call opens when the receiver asks for the tensor, often before the
+  sender produced it: its span is wait plus transfer, not the link's
+  latency (which `tfopt.runtime.calibrate` measures)."""
   tensor: str
   src: int
   dst: int
@@ -172,7 +175,8 @@ class TimelineComparison:
         f"busy per device (ms): measured {ms(self.busy_measured)}, "
         f"simulated {ms(self.busy_simulated)}; kernels ran "
         f"{self.stretch:.2f}x their simulated time",
-        f"transfers: {seen}; {simulated}"]
+        f"transfers (RecvTensor calls, wait included): {seen}; "
+        f"{simulated}"]
     for name, meas, sim in self.overrun:
       lines.append(f"  ran over: {name} {meas:.0f} us (simulated "
                    f"{sim:.0f} us)")
