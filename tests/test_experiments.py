@@ -119,7 +119,7 @@ def test_run_placed_script_end_to_end(tmp_path):
   assert done.returncode == 0, done.stderr[-3000:]
   for line in ("pass pipeline", "_FusedMatMul +3", "<- chosen",
                "equal the unplaced step's", "ran where planned",
-               "across 2 server processes", "calibration: measured",
+               "across 2 server processes", "prediction: measured",
                "PredictRequest over gRPC"):
     assert line in done.stdout, (line, done.stdout[-3000:])
   plan = json.loads((out / "plan.json").read_text())
