@@ -16,26 +16,30 @@ and kernel overheads cancel out of the fit.
 
 from __future__ import annotations
 
-import statistics
-import time
 from typing import Sequence
 
 import tensorflow as tf
 
 from tfopt._errors import check_positive_int, invalid_argument
+from tfopt._timing import median_us
 from tfopt.cost.comm import CommFit, fit_comm_model
 
 DEFAULT_SIZES = tuple(4 ** k for k in range(0, 14))  # 1 B .. 64 MiB
 
 
-def _timed(session, fetch, repeats: int) -> float:
-  session.run(fetch)  # warm-up: allocations and the rendezvous
-  samples = []
-  for _ in range(repeats):
-    start = time.perf_counter()
-    session.run(fetch)
-    samples.append((time.perf_counter() - start) * 1e6)
-  return statistics.median(samples)
+def _remote_minus_local(graph, init, keys, fetches, *, target: str, config,
+                        repeats: int) -> list[tuple[int, float]]:
+  """(key, microseconds) per (remote, local) fetch pair: the median time of
+  the step with the transfer minus the same step without it."""
+  results = []
+  with tf.compat.v1.Session(target, graph=graph,
+                            config=_plain_config(config)) as session:
+    session.run(init)
+    for key, (remote, local) in zip(keys, fetches):
+      delta = (median_us(lambda f=remote: session.run(f), repeats) -
+               median_us(lambda f=local: session.run(f), repeats))
+      results.append((key, max(0.0, delta)))
+  return results
 
 
 def measure_transfer_times(sizes: Sequence[int] = DEFAULT_SIZES, *,
@@ -88,15 +92,8 @@ def measure_transfer_times(sizes: Sequence[int] = DEFAULT_SIZES, *,
           pair.append(tf.gather(value, [0]))
       fetches.append(pair)
     init = tf.compat.v1.global_variables_initializer()
-  config = _plain_config(config)
-  results = []
-  with tf.compat.v1.Session(target, graph=graph, config=config) as session:
-    session.run(init)
-    for size, (remote, local) in zip(sizes, fetches):
-      delta = _timed(session, remote, repeats) - _timed(session, local,
-                                                        repeats)
-      results.append((size, max(0.0, delta)))
-  return results
+  return _remote_minus_local(graph, init, sizes, fetches, target=target,
+                             config=config, repeats=repeats)
 
 
 def measure_comm_model(sizes: Sequence[int] = DEFAULT_SIZES, *,
@@ -146,15 +143,8 @@ def measure_concurrent_transfers(counts: Sequence[int] = (1, 2, 4, 8, 16), *,
           pair.append(tf.add_n(values) if n > 1 else tf.identity(values[0]))
       fetches.append(pair)
     init = tf.compat.v1.global_variables_initializer()
-  config = _plain_config(config)
-  results = []
-  with tf.compat.v1.Session(target, graph=graph, config=config) as session:
-    session.run(init)
-    for n, (remote, local) in zip(counts, fetches):
-      delta = _timed(session, remote, repeats) - _timed(session, local,
-                                                        repeats)
-      results.append((n, max(0.0, delta)))
-  return results
+  return _remote_minus_local(graph, init, counts, fetches, target=target,
+                             config=config, repeats=repeats)
 
 
 def _plain_config(config):

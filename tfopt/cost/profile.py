@@ -33,13 +33,13 @@ from __future__ import annotations
 
 import dataclasses
 import statistics
-import time
 from typing import Sequence
 
 import numpy as np
 import tensorflow as tf
 
 from tfopt._errors import check_positive_int, invalid_argument
+from tfopt._timing import median_us
 from tfopt.cost import analytic
 from tfopt.cost.cost_model import CostModel, OpCost
 from tfopt.graph.capture import CapturedStep, opgraph_from_graphdef
@@ -239,12 +239,7 @@ def _traced_samples(session, inputs, steps, warmup, bar, cores,
 
 def _untraced_us(session, inputs, steps: int) -> float:
   """The median of `steps` untraced steps' wall times, microseconds."""
-  times = []
-  for _ in range(steps):
-    began = time.perf_counter()
-    session.run(inputs)
-    times.append((time.perf_counter() - began) * 1e6)
-  return statistics.median(times)
+  return median_us(lambda: session.run(inputs), steps, warmup=0)
 
 
 def _costs_from(graph, samples: _Samples, steps: int, fed: set[str],

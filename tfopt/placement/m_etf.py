@@ -55,84 +55,115 @@ def m_etf(problem: PlacementProblem, reserve: float | None = None,
   already there will receive. Greedy ETF otherwise fills the first devices
   and dead-ends when memory is tight.
   """
-  graph = problem.graph
-  comm = problem.cluster.comm
-  num = problem.num_devices
+  etf = _Etf(problem, _soft_caps(problem, reserve, max_devices),
+             max_devices, favourite_child, reserve)
+  etf.run()
+  if timeline is not None:
+    timeline.update(etf.starts())
+  return etf.placement()
+
+
+def _soft_caps(problem: PlacementProblem, reserve: float | None,
+               max_devices: int | None) -> tuple[float, ...]:
+  """The caps a group may start under: the real ones, or in reserve mode
+  `reserve` equal shares of the graph's static memory (see m_etf)."""
   caps = problem.caps
-  soft_caps = caps
-  if reserve is not None:
-    if not reserve >= 1.0:
-      raise ValueError(f"Argument `reserve` must be >= 1. Received: "
-                       f"reserve={reserve}")
-    share = sum(problem.group_memory.values()) / min(num, max_devices or num)
-    soft_caps = tuple(min(cap, share * reserve) for cap in caps)
+  if reserve is None:
+    return caps
+  if not reserve >= 1.0:
+    raise ValueError(f"Argument `reserve` must be >= 1. Received: "
+                     f"reserve={reserve}")
+  num = problem.num_devices
+  share = sum(problem.group_memory.values()) / min(num, max_devices or num)
+  return tuple(min(cap, share * reserve) for cap in caps)
 
-  # Integer view of the problem, in topological order.
-  names = problem.order
-  index = {n: i for i, n in enumerate(names)}
-  n_ops = len(names)
-  group_ids = {g: k for k, g in enumerate(problem.members)}
-  group = [group_ids[problem.group_of[n]] for n in names]
-  group_mem = [problem.group_memory[g] for g in problem.members]
-  group_allowed = [problem.allowed[g] for g in problem.members]
-  if max_devices is not None:
-    group_allowed = [tuple(d for d in a if d < max_devices) or a
-                     for a in group_allowed]
-  compute = [problem.compute_us(n) for n in names]
-  op_overhead = [d.op_overhead_us for d in problem.cluster.devices]
-  ins = [tuple((index[e.src], e.src_output, e.bytes, e.is_control)
-               for e in graph.in_edges(n)) for n in names]
-  outs = [tuple(index[e.dst] for e in graph.out_edges(n)) for n in names]
-  pending = [len(x) for x in ins]
+
+def _link_times(comm):
+  """(transfer, occupancy)(nbytes, src, dst): a copy's duration and how long
+  it holds the channels (closures over the default link's numbers, the
+  common case, for speed)."""
   if comm.pairs:
-    transfer = comm.transfer_us
+    return comm.transfer_us, lambda n, s, d: comm.link(s, d).channel_us(n)
+  latency = comm.default.latency_us
+  per_byte = 1.0 / (comm.default.bandwidth_gbps * 1e3)
+  overhead = comm.default.channel_us(0)
 
-    def occupancy(nbytes, src, dst):
-      return comm.link(src, dst).channel_us(nbytes)
-  else:
-    latency = comm.default.latency_us
-    per_byte = 1.0 / (comm.default.bandwidth_gbps * 1e3)
-    overhead = comm.default.channel_us(0)
+  def transfer(nbytes, src, dst):
+    return latency + nbytes * per_byte if nbytes > 0 and src != dst else 0.0
 
-    def transfer(nbytes, src, dst):
-      return latency + nbytes * per_byte if nbytes > 0 and src != dst else 0.0
+  def occupancy(nbytes, src, dst):
+    del src, dst
+    return overhead + nbytes * per_byte
 
-    def occupancy(nbytes, src, dst):
-      del src, dst
-      return overhead + nbytes * per_byte
+  return transfer, occupancy
 
-  place = [-1] * n_ops
-  finish = [0.0] * n_ops
-  dev_free = [0.0] * num
-  channel_free = [0.0] * num
-  used = [0] * num
-  group_device = [-1] * len(group_mem)
-  arrival: dict[tuple[int, int, int], float] = {}  # (src, port, dev) -> t
-  cache = [None] * n_ops  # per op: per-device lower bounds of its start
-  fav_parent = [-1] * n_ops
-  # Tactical idling: device -> (favourite child, its start there) while the
-  # child is ready and waits for its parent's device.
-  reserved: dict[int, tuple[int, float]] = {}
-  for parent_name, child_name in (favourite_child or {}).items():
-    fav_parent[index[child_name]] = index[parent_name]
 
-  def copies_on(i, d):
+class _Etf:
+  """m-ETF's state on integer indices in topological order (module doc,
+  "Speed"), and its steps: what an op would need copied to a device, the
+  booking of those copies on the channels, the start an op can get on a
+  device, making an op ready, committing it, and the loop."""
+
+  def __init__(self, problem: PlacementProblem, soft_caps, max_devices,
+               favourite_child, reserve):
+    graph = problem.graph
+    self.problem, self.reserve = problem, reserve
+    self.caps, self.soft_caps = problem.caps, soft_caps
+    num = problem.num_devices
+    self.names = names = problem.order
+    index = {n: i for i, n in enumerate(names)}
+    n_ops = len(names)
+    group_ids = {g: k for k, g in enumerate(problem.members)}
+    self.group = [group_ids[problem.group_of[n]] for n in names]
+    self.group_mem = [problem.group_memory[g] for g in problem.members]
+    allowed = [problem.allowed[g] for g in problem.members]
+    if max_devices is not None:
+      allowed = [tuple(d for d in a if d < max_devices) or a
+                 for a in allowed]
+    self.group_allowed = allowed
+    self.compute = [problem.compute_us(n) for n in names]
+    self.op_overhead = [d.op_overhead_us for d in problem.cluster.devices]
+    self.ins = [tuple((index[e.src], e.src_output, e.bytes, e.is_control)
+                      for e in graph.in_edges(n)) for n in names]
+    self.outs = [tuple(index[e.dst] for e in graph.out_edges(n))
+                 for n in names]
+    self.pending = [len(x) for x in self.ins]
+    self.transfer, self.occupancy = _link_times(problem.cluster.comm)
+    self.place = [-1] * n_ops
+    self.finish = [0.0] * n_ops
+    self.dev_free = [0.0] * num
+    self.channel_free = [0.0] * num
+    self.used = [0] * num
+    self.group_device = [-1] * len(self.group_mem)
+    self.arrival: dict[tuple[int, int, int], float] = {}  # (src, port, dev)
+    self.cache = [None] * n_ops  # per op: per-device lower bounds of start
+    self.fav_parent = [-1] * n_ops
+    # Tactical idling: device -> (favourite child, its start there) while
+    # the child is ready and waits for its parent's device.
+    self.reserved: dict[int, tuple[int, float]] = {}
+    for parent_name, child_name in (favourite_child or {}).items():
+      self.fav_parent[index[child_name]] = index[parent_name]
+    self.heap: list[tuple[float, int, int, int]] = []
+
+  def copies_on(self, i, d):
     """{(src, port): bytes} that op i would need copied to device d."""
+    place, arrival = self.place, self.arrival
     copies = {}
-    for s, port, nbytes, ctrl in ins[i]:
+    for s, port, nbytes, ctrl in self.ins[i]:
       if ctrl or place[s] == d or (s, port, d) in arrival:
         continue
       if nbytes > copies.get((s, port), -1):
         copies[(s, port)] = nbytes
     return copies
 
-  def book(copies, d, channels):
+  def book(self, copies, d, channels):
     """Arrival of each copy on d, booking `channels` in producer order."""
+    finish, place = self.finish, self.place
     times = {}
     for key in sorted(copies, key=lambda k: (finish[k[0]], k[0], k[1])):
       s = key[0]
       sd = place[s]
-      duration = transfer(copies[key], sd, d)
+      duration = self.transfer(copies[key], sd, d)
       if duration == 0.0:
         times[key] = finish[s]
         continue
@@ -142,27 +173,30 @@ def m_etf(problem: PlacementProblem, reserve: float | None = None,
       if channels[d] > start:
         start = channels[d]
       channels[sd] = channels[d] = start + min(
-          duration, occupancy(copies[key], sd, d))
+          duration, self.occupancy(copies[key], sd, d))
       times[key] = start + duration
     return times
 
-  def evaluate(i, d):
+  def evaluate(self, i, d):
     """(start, memory needed, copies) of op i on d; start is inf if no room
     or if i's colocation group has since settled on another device."""
-    g = group[i]
-    if group_device[g] >= 0 and group_device[g] != d:
+    g = self.group[i]
+    settled = self.group_device[g]
+    if settled >= 0 and settled != d:
       return _INF, 0, {}
-    copies = copies_on(i, d)
+    copies = self.copies_on(i, d)
     need = sum(copies.values())
-    if group_device[g] < 0:
-      need += group_mem[g]
-      if used[d] + need > soft_caps[d]:
+    used = self.used[d]
+    if settled < 0:
+      need += self.group_mem[g]
+      if used + need > self.soft_caps[d]:
         return _INF, need, copies
-    if used[d] + need > caps[d]:
+    if used + need > self.caps[d]:
       return _INF, need, copies
-    times = book(copies, d, list(channel_free)) if copies else {}
-    ready = dev_free[d]
-    for s, port, _, ctrl in ins[i]:
+    times = self.book(copies, d, list(self.channel_free)) if copies else {}
+    ready = self.dev_free[d]
+    place, finish, arrival = self.place, self.finish, self.arrival
+    for s, port, _, ctrl in self.ins[i]:
       if ctrl or place[s] == d:
         t = finish[s]
       else:
@@ -171,89 +205,106 @@ def m_etf(problem: PlacementProblem, reserve: float | None = None,
           t = arrival[(s, port, d)]
       if t > ready:
         ready = t
-    held = reserved.get(d)
+    held = self.reserved.get(d)
+    overhead = self.op_overhead[d]
     if held is not None and held[0] != i and \
-        ready + compute[i] + op_overhead[d] > held[1]:
+        ready + self.compute[i] + overhead > held[1]:
       # d idles for its favourite child: only work that ends before the
       # child starts may go first; anything else waits for the child.
-      ready = max(ready, held[1] + compute[held[0]] + op_overhead[d])
+      ready = max(ready, held[1] + self.compute[held[0]] + overhead)
     return ready, need, copies
 
-  def key_of(i):
+  def key_of(self, i):
     """(best cached start, device) of op i."""
     best_t, best_d = _INF, -1
-    for d, t in cache[i].items():
+    for d, t in self.cache[i].items():
       if t < best_t or (t == best_t and d < best_d):
         best_t, best_d = t, d
     return best_t, best_d
 
-  def fail(i):
-    g = group[i]
-    mode = "" if reserve is None else f" (reserve {reserve:g})"
+  def fail(self, i):
+    g = self.group[i]
+    mode = "" if self.reserve is None else f" (reserve {self.reserve:g})"
     raise InfeasiblePlacement(
-        f"m-ETF{mode} found no device with room for op {names[i]!r} (group "
-        f"memory {group_mem[g] / 1e6:,.0f} MB); used per device: "
-        f"{[round(u / 1e6) for u in used]} MB.")
+        f"m-ETF{mode} found no device with room for op {self.names[i]!r} "
+        f"(group memory {self.group_mem[g] / 1e6:,.0f} MB); used per "
+        f"device: {[round(u / 1e6) for u in self.used]} MB.")
 
-  def push(i, t, d, heap):
+  def push(self, i, t, d):
     # A favourite child wins ties on its parent's device.
-    p = fav_parent[i]
-    heapq.heappush(heap, (t, 0 if p >= 0 and place[p] == d else 1, i, d))
+    p = self.fav_parent[i]
+    heapq.heappush(self.heap, (t, 0 if p >= 0 and self.place[p] == d else 1,
+                               i, d))
 
-  def make_ready(i, heap, favour=True):
-    g = group[i]
-    devices = ((group_device[g],) if group_device[g] >= 0
-               else group_allowed[g])
-    p = fav_parent[i]
-    if favour and p >= 0 and place[p] in devices:
-      t = evaluate(i, place[p])[0]
+  def make_ready(self, i, favour=True):
+    """Caches op i's start on each device it may use and queues it (a
+    favourite child: on its parent's device, which it reserves)."""
+    g = self.group[i]
+    devices = ((self.group_device[g],) if self.group_device[g] >= 0
+               else self.group_allowed[g])
+    p = self.fav_parent[i]
+    if favour and p >= 0 and self.place[p] in devices:
+      parent_device = self.place[p]
+      t = self.evaluate(i, parent_device)[0]
       if t < _INF:  # the parent's device has room: the child goes there
-        cache[i] = {place[p]: t}
-        if place[p] not in reserved:
-          reserved[place[p]] = (i, t)
-        push(i, t, place[p], heap)
+        self.cache[i] = {parent_device: t}
+        if parent_device not in self.reserved:
+          self.reserved[parent_device] = (i, t)
+        self.push(i, t, parent_device)
         return
-    cache[i] = {d: evaluate(i, d)[0] for d in devices}
-    t, d = key_of(i)
+    self.cache[i] = {d: self.evaluate(i, d)[0] for d in devices}
+    t, d = self.key_of(i)
     if t == _INF:
-      fail(i)
-    push(i, t, d, heap)
+      self.fail(i)
+    self.push(i, t, d)
 
-  heap: list[tuple[float, int, int, int]] = []
-  for i in range(n_ops):
-    if pending[i] == 0:
-      make_ready(i, heap)
-  while heap:
-    t, _, i, d = heapq.heappop(heap)
-    start, need, copies = evaluate(i, d)
-    if start > t:
-      cache[i][d] = start
-      t2, d2 = key_of(i)
-      if t2 == _INF:
-        if len(cache[i]) == 1 and fav_parent[i] >= 0:
-          make_ready(i, heap, favour=False)  # the favourite device filled up
-          continue
-        fail(i)
-      push(i, t2, d2, heap)
-      continue
-    # Commit op i to device d.
-    if reserved.get(d, (-1,))[0] == i:
-      del reserved[d]
-    for key, when in book(copies, d, channel_free).items():
-      arrival[(key[0], key[1], d)] = when
-    used[d] += need
-    g = group[i]
-    if group_device[g] < 0:
-      group_device[g] = d
-    place[i] = d
-    finish[i] = start + compute[i] + op_overhead[d]
-    dev_free[d] = finish[i]
-    cache[i] = None
-    for j in outs[i]:
-      pending[j] -= 1
-      if pending[j] == 0:
-        make_ready(j, heap)
-  if timeline is not None:
-    timeline.update({names[i]: finish[i] - compute[i] - op_overhead[place[i]]
-                     for i in range(n_ops)})
-  return Placement({names[i]: place[i] for i in range(n_ops)}, num)
+  def commit(self, i, d, start, need, copies):
+    """Op i runs on d from `start`: its copies booked, memory and group
+    settled, its successors released."""
+    if self.reserved.get(d, (-1,))[0] == i:
+      del self.reserved[d]
+    for key, when in self.book(copies, d, self.channel_free).items():
+      self.arrival[(key[0], key[1], d)] = when
+    self.used[d] += need
+    g = self.group[i]
+    if self.group_device[g] < 0:
+      self.group_device[g] = d
+    self.place[i] = d
+    self.finish[i] = start + self.compute[i] + self.op_overhead[d]
+    self.dev_free[d] = self.finish[i]
+    self.cache[i] = None
+    for j in self.outs[i]:
+      self.pending[j] -= 1
+      if self.pending[j] == 0:
+        self.make_ready(j)
+
+  def run(self):
+    """Pops the op with the least cached start; re-keys it when the cache
+    was stale (module doc), else commits it."""
+    for i, waiting in enumerate(self.pending):
+      if waiting == 0:
+        self.make_ready(i)
+    while self.heap:
+      t, _, i, d = heapq.heappop(self.heap)
+      start, need, copies = self.evaluate(i, d)
+      if start > t:
+        self.cache[i][d] = start
+        t2, d2 = self.key_of(i)
+        if t2 == _INF:
+          if len(self.cache[i]) == 1 and self.fav_parent[i] >= 0:
+            self.make_ready(i, favour=False)  # the favourite device filled
+            continue
+          self.fail(i)
+        self.push(i, t2, d2)
+        continue
+      self.commit(i, d, start, need, copies)
+
+  def starts(self) -> dict[str, float]:
+    """The placer's own start time of every op."""
+    return {self.names[i]: self.finish[i] - self.compute[i] -
+            self.op_overhead[self.place[i]] for i in range(len(self.names))}
+
+  def placement(self) -> Placement:
+    return Placement({self.names[i]: self.place[i]
+                      for i in range(len(self.names))},
+                     self.problem.num_devices)

@@ -38,6 +38,7 @@ import numpy as np
 import tensorflow as tf
 
 from tfopt._errors import check_positive_int, invalid_argument
+from tfopt._timing import median_us
 from tfopt.calibration import KINDS, Calibration
 from tfopt.cost.comm import Link, fit_comm_model, fit_overhead
 from tfopt.cost.comm_measure import (DEFAULT_SIZES,
@@ -172,15 +173,8 @@ def measure_op_overhead(device: str, *, target: str = "",
   with tf.compat.v1.Session(target, graph=graph,
                             config=_plain_config(config)) as session:
     session.run(init)
-    times = []
-    for end in ends:
-      session.run(end)
-      samples = []
-      for _ in range(repeats):
-        began = time.perf_counter()
-        session.run(end)
-        samples.append((time.perf_counter() - began) * 1e6)
-      times.append(statistics.median(samples))
+    times = [median_us(lambda e=end: session.run(e), repeats)
+             for end in ends]
   return max(0.0, (times[1] - times[0]) / (counts[1] - counts[0]))
 
 
