@@ -228,19 +228,10 @@ def placed_section(model_name, calibration_paths, rounds, steps):
   cluster, checked and timed against one device, simulated before (the
   default model: PCIe-like link, devices computing apart) and after
   calibration; the plan select="measured" picks; a traced step beside its
-  simulation."""
-  from tfopt import Cluster
+  simulation (`_config_row`)."""
   from tfopt.calibration import load_calibration
   from tfopt.cost.profile import profile_step
-  from tfopt.graph.capture import opgraph_from_graphdef
-  from tfopt.passes import PassContext, PassManager, merge_control_inputs
-  from tfopt.passes.place import step_costs
-  from tfopt.runtime import (StepSession, check_rewritten, compare_timeline,
-                             measure_timeline, run_steps)
-  from tfopt.runtime.prediction import placement_of
-  from tfopt.runtime.select import select_measured
-  from tfopt.runtime.speedup import interleaved
-  from tfopt.simulate import simulate
+  from tfopt.runtime import run_steps
   step, graph_def, inputs = _prepared(model_name)
   # Profiled first: nothing else has run in this process yet.
   local_costs = profile_step(step, inputs=inputs, graph_def=graph_def,
@@ -249,64 +240,81 @@ def placed_section(model_name, calibration_paths, rounds, steps):
   rows = []
   for kind, n in CONFIGS:
     calibration = load_calibration(calibration_paths[f"{kind}:{n}"])
-    with _devices(kind, n, step, graph_def, inputs, local_costs) as (
-        names, target, config, alone, alone_target, costs):
-      after = calibration.cluster(names)
-      before = Cluster.uniform(n, device_type="CPU", names=names)
-      ctx = PassContext.for_step(step, costs=costs, cluster=after,
-                                 placer="auto")
-      started = time.perf_counter()
-      pre = PassManager("place").run(graph_def, ctx).graph
-      place_s = time.perf_counter() - started
-      plan = ctx.results["placement"]
-      placed = merge_control_inputs(pre)[0]
-      label = f"{n} {kind}"
-      check_rewritten(step, [inputs] * 2, placed, reference=reference,
-                      target=target, config=config, what=label)
-      graph = opgraph_from_graphdef(placed, inline=False,
-                                    batch_size=step.batch_size)
-      placement = placement_of(placed, names)
-      costed = step_costs(graph, PassContext(costs=costs))
-      sim_after = simulate(graph, placement, costed, after)
-      sim_before = simulate(graph, placement, costed, before)
-      sessions = [StepSession(step, graph_def=alone, target=alone_target,
-                              config=None if not alone_target else config),
-                  StepSession(step, graph_def=placed, target=target,
-                              config=config)]
-      try:
-        one_us, placed_us = interleaved(sessions, inputs, steps, rounds)
-      finally:
-        for session in sessions:
-          session.close()
-      timeline = compare_timeline(sim_after, measure_timeline(
-          step, placed, inputs, names, target=target, config=config,
-          cores_per_device=calibration.cores_per_device))
-      selection = select_measured(step, pre, plan, names, inputs,
-                                  target=target, config=config, steps=steps,
-                                  rounds=rounds)
-    # The pick against one device of the same rounds (where one device was
-    # a candidate: its cap held), else against the one-device timing above.
-    alone_in_rounds = next((c.measured_us for c in selection.candidates
-                            if c.placer == "single" and c.measured_us), None)
-    row = {
-        "model": model_name, "config": label, "placer": plan.placer,
-        "place_s": place_s, "devices_used": len(set(placement.values())),
-        "one_device_ms": one_us / 1e3, "placed_ms": placed_us / 1e3,
-        "placed_over_one": placed_us / one_us,
-        "one_device_simulated_ms": plan.single_device_us / 1e3,
-        "simulated_before_ms": sim_before.makespan_us / 1e3,
-        "simulated_after_ms": sim_after.makespan_us / 1e3,
-        "measured_over_simulated_before": placed_us / sim_before.makespan_us,
-        "measured_over_simulated_after": placed_us / sim_after.makespan_us,
-        "measured_select": selection.best.placer,
-        "measured_select_ms": selection.best.measured_us / 1e3,
-        "measured_select_over_one": selection.best.measured_us / (
-            alone_in_rounds or one_us),
-        "selection": selection.table(), "timeline": timeline.table()}
+    with _devices(kind, n, step, graph_def, inputs, local_costs) as where:
+      row = _config_row(step, graph_def, inputs, reference, calibration,
+                        where, rounds, steps)
+    row = {"model": model_name, "config": f"{n} {kind}", **row}
     rows.append(row)
-    print(f"  {model_name}, {label}: " + json.dumps(
+    print(f"  {model_name}, {row['config']}: " + json.dumps(
         {k: v for k, v in row.items() if k not in ("selection", "timeline")}))
   return rows
+
+
+def _config_row(step, graph_def, inputs, reference, calibration, where,
+                rounds, steps):
+  """One configuration's row (see `placed_section`); `where` is what
+  `_devices` yields."""
+  from tfopt import Cluster
+  from tfopt.graph.capture import opgraph_from_graphdef
+  from tfopt.passes import PassContext, PassManager, merge_control_inputs
+  from tfopt.passes.place import step_costs
+  from tfopt.runtime import (StepSession, check_rewritten, compare_timeline,
+                             measure_timeline)
+  from tfopt.runtime.prediction import placement_of
+  from tfopt.runtime.select import select_measured
+  from tfopt.runtime.speedup import interleaved
+  from tfopt.simulate import simulate
+  names, target, config, alone, alone_target, costs = where
+  n = len(names)
+  after = calibration.cluster(names)
+  before = Cluster.uniform(n, device_type="CPU", names=names)
+  ctx = PassContext.for_step(step, costs=costs, cluster=after, placer="auto")
+  started = time.perf_counter()
+  pre = PassManager("place").run(graph_def, ctx).graph
+  place_s = time.perf_counter() - started
+  plan = ctx.results["placement"]
+  placed = merge_control_inputs(pre)[0]
+  check_rewritten(step, [inputs] * 2, placed, reference=reference,
+                  target=target, config=config, what="placed step")
+  graph = opgraph_from_graphdef(placed, inline=False,
+                                batch_size=step.batch_size)
+  placement = placement_of(placed, names)
+  costed = step_costs(graph, PassContext(costs=costs))
+  sim_after = simulate(graph, placement, costed, after)
+  sim_before = simulate(graph, placement, costed, before)
+  sessions = [StepSession(step, graph_def=alone, target=alone_target,
+                          config=None if not alone_target else config),
+              StepSession(step, graph_def=placed, target=target,
+                          config=config)]
+  try:
+    one_us, placed_us = interleaved(sessions, inputs, steps, rounds)
+  finally:
+    for session in sessions:
+      session.close()
+  timeline = compare_timeline(sim_after, measure_timeline(
+      step, placed, inputs, names, target=target, config=config,
+      cores_per_device=calibration.cores_per_device))
+  selection = select_measured(step, pre, plan, names, inputs, target=target,
+                              config=config, steps=steps, rounds=rounds)
+  # The pick against one device of the same rounds (where one device was a
+  # candidate: its cap held), else against the one-device timing above.
+  alone_in_rounds = next((c.measured_us for c in selection.candidates
+                          if c.placer == "single" and c.measured_us), None)
+  return {
+      "placer": plan.placer, "place_s": place_s,
+      "devices_used": len(set(placement.values())),
+      "one_device_ms": one_us / 1e3, "placed_ms": placed_us / 1e3,
+      "placed_over_one": placed_us / one_us,
+      "one_device_simulated_ms": plan.single_device_us / 1e3,
+      "simulated_before_ms": sim_before.makespan_us / 1e3,
+      "simulated_after_ms": sim_after.makespan_us / 1e3,
+      "measured_over_simulated_before": placed_us / sim_before.makespan_us,
+      "measured_over_simulated_after": placed_us / sim_after.makespan_us,
+      "measured_select": selection.best.placer,
+      "measured_select_ms": selection.best.measured_us / 1e3,
+      "measured_select_over_one": selection.best.measured_us / (
+          alone_in_rounds or one_us),
+      "selection": selection.table(), "timeline": timeline.table()}
 
 
 def speedup_section(rounds, steps):

@@ -478,7 +478,41 @@ def compile(model, *, fusion: bool = True,  # pylint: disable=redefined-builtin
   Returns:
     `model`, compiled; `model.train_function.reports` holds the reports.
   """
+  jit = _check_model(model, compile_kwargs)
+  spec = None
+  if placement is not None:
+    spec, pins, calibration = _check_placement(
+        placement, devices, cluster, pins, calibration, select,
+        measure_steps)
+  else:
+    _refuse_without_placement(devices=devices, pins=pins, cluster=cluster,
+                              calibration=calibration, select=select)
+  if memory_per_device is not None and (
+      isinstance(memory_per_device, bool) or
+      not isinstance(memory_per_device, int) or memory_per_device <= 0):
+    raise invalid_argument("memory_per_device", "a positive integer (bytes) "
+                           "or None", memory_per_device)
+  # Keras' own meaning for its functions (evaluate, predict, and train
+  # without the hook); the hook's step gets XLA through per-device marks.
+  model.compile(jit_compile=jit, **compile_kwargs)
+  if fusion or placement:
+    hook = _OptimizedTrainFunction(
+        model, fusion=fusion, placement=placement, devices=devices,
+        memory_per_device=memory_per_device, verbose=verbose,
+        xla=jit is True, pins=pins if placement else None,
+        cluster=spec, calibration=calibration, select=select,
+        measure_steps=measure_steps)
+    # Keras' fit calls make_train_function(), which keeps a function that is
+    # already set; compile() resets it, which removes the hook.
+    model.train_function = hook
+  return model
+
+
+def _check_model(model, compile_kwargs) -> Any:
+  """Refuses what the hook cannot honour about the model and Keras'
+  arguments; returns (and removes from them) `jit_compile`."""
   import keras  # pylint: disable=g-import-not-at-top
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
   if not isinstance(model, keras.Model):
     raise invalid_argument("model", "a keras.Model", type(model).__name__)
   if keras.backend.backend() != "tensorflow":
@@ -492,52 +526,40 @@ def compile(model, *, fusion: bool = True,  # pylint: disable=redefined-builtin
   jit = compile_kwargs.pop("jit_compile", "auto")  # Keras' default
   if jit not in (True, False, None, "auto"):
     raise invalid_argument("jit_compile", "True, False, None or 'auto'", jit)
-  hooked = bool(fusion or placement)
-  if placement is not None:
-    from tfopt.placement.api import PLACERS  # pylint: disable=g-import-not-at-top
-    names = sorted(PLACERS) + ["auto", "exact"]
-    if placement not in names:
-      raise invalid_argument("placement", f"None or one of {names}",
-                             placement)
-    spec = _connect_cluster(devices, cluster)
-    _check_devices(devices)
-    from tfopt.compile_placement import check_pins, check_selection  # pylint: disable=g-import-not-at-top
-    pins = check_pins(pins, list(devices))
-    calibration = check_selection(calibration, select, measure_steps)
-  else:
-    given = ([(n, v) for n, v in (("devices", devices), ("pins", pins)) if v]
-             + [(n, v) for n, v in (("cluster", cluster),
-                                    ("calibration", calibration))
-                if v is not None]
-             + ([("select", select)] if select != "simulated" else []))
-    if given:
-      raise invalid_argument(given[0][0], "given only with `placement`",
-                             given[0][1])
-  if memory_per_device is not None and (
-      isinstance(memory_per_device, bool) or
-      not isinstance(memory_per_device, int) or memory_per_device <= 0):
-    raise invalid_argument("memory_per_device", "a positive integer (bytes) "
-                           "or None", memory_per_device)
-  import tensorflow as tf  # pylint: disable=g-import-not-at-top
   if tf.distribute.has_strategy() or not isinstance(
       model.distribute_strategy, type(tf.distribute.get_strategy())):
     raise invalid_argument("model", "built outside a tf.distribute strategy "
                            "scope (tfopt.compile places one replica's step)",
                            f"<strategy {type(model.distribute_strategy).__name__}>")
-  # Keras' own meaning for its functions (evaluate, predict, and train
-  # without the hook); the hook's step gets XLA through per-device marks.
-  model.compile(jit_compile=jit, **compile_kwargs)
-  if hooked:
-    hook = _OptimizedTrainFunction(
-        model, fusion=fusion, placement=placement, devices=devices,
-        memory_per_device=memory_per_device, verbose=verbose,
-        xla=jit is True, pins=pins if placement else None,
-        cluster=spec if placement else None, calibration=calibration,
-        select=select, measure_steps=measure_steps)
-    # Keras' fit calls make_train_function(), which keeps a function that is
-    # already set; compile() resets it, which removes the hook.
-    model.train_function = hook
-  return model
+  return jit
+
+
+def _check_placement(placement, devices, cluster, pins, calibration, select,
+                     measure_steps):
+  """The placement arguments checked: (cluster spec or None, pins as
+  device indices, the loaded calibration or None)."""
+  from tfopt.compile_placement import check_pins, check_selection  # pylint: disable=g-import-not-at-top
+  from tfopt.placement.api import PLACERS  # pylint: disable=g-import-not-at-top
+  names = sorted(PLACERS) + ["auto", "exact"]
+  if placement not in names:
+    raise invalid_argument("placement", f"None or one of {names}", placement)
+  spec = _connect_cluster(devices, cluster)
+  _check_devices(devices)
+  return (spec, check_pins(pins, list(devices)),
+          check_selection(calibration, select, measure_steps))
+
+
+def _refuse_without_placement(*, devices, pins, cluster, calibration,
+                              select) -> None:
+  """Arguments that mean something only with `placement` are refused."""
+  given = ([(n, v) for n, v in (("devices", devices), ("pins", pins)) if v]
+           + [(n, v) for n, v in (("cluster", cluster),
+                                  ("calibration", calibration))
+              if v is not None]
+           + ([("select", select)] if select != "simulated" else []))
+  if given:
+    raise invalid_argument(given[0][0], "given only with `placement`",
+                           given[0][1])
 
 
 def _connect_cluster(devices, cluster):

@@ -144,42 +144,11 @@ class LoopbackServers:
     for (name, _), port in zip(self.tasks, self.ports):
       spec[name].append(f"localhost:{port}")
     self.spec = spec
-    # glibc's malloc keeps freed large buffers in its heap once its dynamic
-    # mmap threshold has grown (it does after the first large free), so a
-    # server's memory never shrank back after a step: a fixed threshold
-    # returns every tensor-sized buffer to the OS when it is freed, and
-    # the process's footprint (what a cap limits) follows its live tensors.
-    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2",
-               MALLOC_MMAP_THRESHOLD_=str(128 << 10),
-               MALLOC_TRIM_THRESHOLD_=str(128 << 10))
     self._procs = []
     self._logs = []
     try:
-      for k, (name, i) in enumerate(self.tasks):
-        log = (open(os.path.join(log_dir, f"{name}{i}.log"), "wb")
-               if log_dir else subprocess.DEVNULL)
-        self._logs.append(log)
-        self._procs.append(subprocess.Popen(
-            [sys.executable, "-m", "tfopt.runtime.server",
-             f"--cluster={json.dumps(spec)}", f"--job={name}", f"--task={i}",
-             f"--parent={os.getpid()}"] + self._task_flags(k),
-            stdout=log, stderr=subprocess.STDOUT, env=env))
-      deadline = time.monotonic() + start_timeout
-      waiting = list(range(len(self.tasks)))
-      while waiting:
-        for k in list(waiting):
-          if self._procs[k].poll() is not None:
-            name, i = self.tasks[k]
-            raise RuntimeError(f"Server task {name}:{i} exited with code "
-                               f"{self._procs[k].returncode} at start-up "
-                               f"(port {self.ports[k]}).")
-          if _accepts(self.ports[k]):
-            waiting.remove(k)
-        if waiting and time.monotonic() > deadline:
-          late = [f"{self.tasks[k][0]}:{self.tasks[k][1]}" for k in waiting]
-          raise TimeoutError(f"Server tasks {late} did not listen within "
-                             f"{start_timeout} s.")
-        time.sleep(0.1)
+      self._spawn(log_dir)
+      self._wait_listening(start_timeout)
       for (name, i), proc in zip(self.tasks, self._procs):
         if memory_limit_bytes is not None:
           cap = caps.MemoryCap(f"{name}{i}", memory_limit_bytes)
@@ -189,6 +158,46 @@ class LoopbackServers:
     except BaseException:
       self.close()
       raise
+
+  def _spawn(self, log_dir: str | None) -> None:
+    """One `tfopt.runtime.server` process per task."""
+    # glibc's malloc keeps freed large buffers in its heap once its dynamic
+    # mmap threshold has grown (it does after the first large free), so a
+    # server's memory never shrank back after a step: a fixed threshold
+    # returns every tensor-sized buffer to the OS when it is freed, and
+    # the process's footprint (what a cap limits) follows its live tensors.
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2",
+               MALLOC_MMAP_THRESHOLD_=str(128 << 10),
+               MALLOC_TRIM_THRESHOLD_=str(128 << 10))
+    for k, (name, i) in enumerate(self.tasks):
+      log = (open(os.path.join(log_dir, f"{name}{i}.log"), "wb")  # pylint: disable=consider-using-with
+             if log_dir else subprocess.DEVNULL)
+      self._logs.append(log)
+      self._procs.append(subprocess.Popen(  # pylint: disable=consider-using-with
+          [sys.executable, "-m", "tfopt.runtime.server",
+           f"--cluster={json.dumps(self.spec)}", f"--job={name}",
+           f"--task={i}", f"--parent={os.getpid()}"] + self._task_flags(k),
+          stdout=log, stderr=subprocess.STDOUT, env=env))
+
+  def _wait_listening(self, start_timeout: float) -> None:
+    """Until every task accepts connections; a task that exits or is late
+    is named."""
+    deadline = time.monotonic() + start_timeout
+    waiting = list(range(len(self.tasks)))
+    while waiting:
+      for k in list(waiting):
+        if self._procs[k].poll() is not None:
+          name, i = self.tasks[k]
+          raise RuntimeError(f"Server task {name}:{i} exited with code "
+                             f"{self._procs[k].returncode} at start-up "
+                             f"(port {self.ports[k]}).")
+        if _accepts(self.ports[k]):
+          waiting.remove(k)
+      if waiting and time.monotonic() > deadline:
+        late = [f"{self.tasks[k][0]}:{self.tasks[k][1]}" for k in waiting]
+        raise TimeoutError(f"Server tasks {late} did not listen within "
+                           f"{start_timeout} s.")
+      time.sleep(0.1)
 
   def _task_flags(self, k: int) -> list[str]:
     flags = []
