@@ -12,10 +12,10 @@ speed-up), pass-pipeline time on large training graphs.
    core each, fitted once (`tfopt.runtime.calibrate`).
 3. Placed steps: the MLP, the CNN, a Transformer LM, GNMT and the towers
    model (parallel branches), each on 2 and 4 logical devices and 2 pinned
-   tasks: the plan `select="simulated"` picks on the calibrated cluster
-   (placed, then the control pass), checked (losses and updates equal to one
-   device, every op where planned) and timed against one device in
-   interleaved rounds -- one logical device using every core, or one pinned
+   tasks, each profiled where and when it is measured: the plan
+   `select="simulated"` picks on the calibrated cluster (placed, then the
+   control pass), checked (losses and updates equal to one device, every op
+   where planned) and timed against one device in interleaved rounds -- one logical device using every core, or one pinned
    task (one core); its step simulated before calibration (Baechi's
    PCIe-like link, devices computing apart) and after; the plan
    `select="measured"` picks and its time against one device; a traced step
@@ -200,20 +200,23 @@ def _prepared(model_name):
 
 
 @contextlib.contextmanager
-def _devices(kind, n, step, graph_def, inputs, local_costs):
+def _devices(kind, n, step, graph_def, inputs):
   """(device names, target, session config, the one-device graph, its
-  target, the costs) for one configuration. Logical devices: this
-  process, one device = the graph unplaced, profiled here. Pinned: n tasks
-  pinned to a core each, and the one-device graph on a task of its own
-  (one core, one thread each pool), where the step is profiled."""
+  target, the costs) for one configuration, profiled there and then (this
+  VM's speed changes by up to 1.6x within minutes: a profile taken at the
+  process's start described another machine by the last configuration).
+  Logical devices: this process, one device = the graph unplaced. Pinned:
+  n tasks pinned to a core each, and the one-device graph on a task of its
+  own (one core, one thread each pool), where the step is profiled."""
   from tfopt.cost.profile import profile_step
   from tfopt.runtime import session_config
   from tfopt.runtime.placed import LOCAL_PREFIX
   from tfopt.runtime.speedup import on_one_task, pinned_devices
   if kind == "logical":
+    costs = profile_step(step, inputs=inputs, graph_def=graph_def, steps=5,
+                         warmup=2)
     yield ([f"{LOCAL_PREFIX}{i}" for i in range(n)], "",
-           session_config(device_count={"CPU": n}), graph_def, "",
-           local_costs)
+           session_config(device_count={"CPU": n}), graph_def, "", costs)
     return
   with pinned_devices(n) as (one, many):
     alone = on_one_task(graph_def, one)
@@ -230,17 +233,13 @@ def placed_section(model_name, calibration_paths, rounds, steps):
   calibration; the plan select="measured" picks; a traced step beside its
   simulation (`_config_row`)."""
   from tfopt.calibration import load_calibration
-  from tfopt.cost.profile import profile_step
   from tfopt.runtime import run_steps
   step, graph_def, inputs = _prepared(model_name)
-  # Profiled first: nothing else has run in this process yet.
-  local_costs = profile_step(step, inputs=inputs, graph_def=graph_def,
-                             steps=5, warmup=2, progress=True)
   reference = run_steps(step, [inputs] * 2)
   rows = []
   for kind, n in CONFIGS:
     calibration = load_calibration(calibration_paths[f"{kind}:{n}"])
-    with _devices(kind, n, step, graph_def, inputs, local_costs) as where:
+    with _devices(kind, n, step, graph_def, inputs) as where:
       row = _config_row(step, graph_def, inputs, reference, calibration,
                         where, rounds, steps)
     row = {"model": model_name, "config": f"{n} {kind}", **row}

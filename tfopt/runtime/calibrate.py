@@ -72,13 +72,21 @@ def fit_capacity(alone_us: float, together_us: float,
                    num_together))
 
 
-def fit_link(points: Sequence[tuple[int, float]]) -> tuple[Link, dict]:
+def fit_link(points: Sequence[tuple[int, float]], *,
+             shared_memory: bool = False) -> tuple[Link, dict]:
   """The link from (bytes, microseconds) copies, and the fit's numbers.
 
   Where the time does not grow with size (devices sharing memory) the link
-  is the median time with no bandwidth term."""
+  is the median time with no bandwidth term. With `shared_memory` (logical
+  devices of one process), copies all within the measurement's noise are a
+  free hand-over; otherwise too few copies above noise is an error."""
   usable = [(b, t) for b, t in points if t > 0]
   if len(usable) < 2:
+    if shared_memory:
+      hand_over = statistics.median(max(0.0, t) for _, t in points)
+      return Link(hand_over, SHARED_MEMORY_GBPS), {
+          "link": "hand-over below the measurement's noise",
+          "hand_over_us": hand_over, "points": list(points)}
     raise RuntimeError(f"Too few copies measured above noise to fit a link: "
                        f"{list(points)}")
   try:
@@ -229,8 +237,9 @@ def calibrate_devices(kind: str, names: Sequence[str], *, target: str = "",
     bar = keras.utils.Progbar(3, unit_name="measurement")
   pair = {"src_device": names[1], "dst_device": names[0], "target": target,
           "config": config}
-  link, link_fit = fit_link(measure_transfer_times(sizes, repeats=repeats,
-                                                   **pair))
+  link, link_fit = fit_link(
+      measure_transfer_times(sizes, repeats=repeats, **pair),
+      shared_memory=kind == "logical")
   if bar:
     bar.update(1)
   batches = measure_concurrent_transfers(counts, repeats=max(repeats, 7),
