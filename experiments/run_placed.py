@@ -44,6 +44,7 @@ from absl import app, flags  # noqa: E402
 from experiments._config import apply_config, define_config_flag  # noqa: E402
 
 from tfopt import zoo  # noqa: E402
+from tfopt.placement import PLACERS  # noqa: E402
 
 FLAGS = flags.FLAGS
 define_config_flag()
@@ -52,8 +53,7 @@ flags.DEFINE_integer("batch_size", 32, "Batch size of the traced step.")
 flags.DEFINE_integer("devices", 4, "Logical CPU devices to place on.")
 flags.DEFINE_float("memory_fraction", 0.15, "Cap per device as a fraction of "
                    "the step's total memory (persistent + temp + outputs).")
-flags.DEFINE_enum("placer", "auto", ["auto", "m-topo", "m-topo-fill", "m-etf",
-                                     "m-sct", "exact", "single"],
+flags.DEFINE_enum("placer", "auto", ["auto", "exact", *PLACERS],
                   "Placer of the place pass.")
 flags.DEFINE_string("pipeline",
                     "prune,identity,fold,fuse,coarsen,place,control",
