@@ -19,3 +19,14 @@ def costgraph_files():
   if not files:
     pytest.skip(f"no costgraph files under {SHARED_COSTGRAPHS}")
   return files
+
+
+@pytest.fixture
+def two_pinned_cores():
+  """Two cores to pin two server tasks to, or a clean skip saying why
+  (CI's machines have two)."""
+  from tfopt.runtime.processes import pinned_cpus  # pylint: disable=g-import-not-at-top
+  try:
+    return pinned_cpus(2)
+  except ValueError as err:
+    pytest.skip(f"needs two cores to pin two tasks: {err}")

@@ -309,7 +309,6 @@ class _OptimizedTrainFunction:
     process's; else under a first plan (analytic costs) on the devices."""
     from tfopt.compile_placement import fits_one_device  # pylint: disable=g-import-not-at-top
     from tfopt.cost.profile import profile_step  # pylint: disable=g-import-not-at-top
-    from tfopt.passes import PassManager  # pylint: disable=g-import-not-at-top
     from tfopt.runtime.remote import is_remote  # pylint: disable=g-import-not-at-top
     cache = _PROFILES.setdefault(self.model, {})
     if key in cache:

@@ -1,6 +1,6 @@
 """The calibration's fits recover known parameters from synthetic
-measurements; the measurements themselves run on this machine's devices;
-a placed step's timeline is read back op by op."""
+measurements; the measurements themselves run on this machine's devices,
+from the command line and on pinned tasks."""
 
 import json
 import subprocess
@@ -9,7 +9,6 @@ import sys
 import numpy as np
 import pytest
 
-from tfopt.cost import Link
 from tfopt.cost.comm import fit_overhead
 from tfopt.runtime.calibrate import fit_capacity, fit_link
 
@@ -73,13 +72,9 @@ def test_calibrate_command_on_logical_devices(tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.usefixtures("two_pinned_cores")
 def test_pinned_tasks_are_calibrated_apart():
   from tfopt.runtime.calibrate import fit_cluster
-  from tfopt.runtime.processes import pinned_cpus
-  try:
-    pinned_cpus(2)
-  except ValueError as err:
-    pytest.skip(f"needs two cores: {err}")
   calibration = fit_cluster("pinned", 2, repeats=3, progress=False)
   assert not calibration.shared and calibration.cores_per_device == 1
   assert calibration.intra_op_threads == 1

@@ -7,16 +7,12 @@ import pytest
 from tfopt import zoo
 from tfopt.graph import capture_train_step
 from tfopt.passes import PassContext, PassManager
-from tfopt.runtime.processes import pinned_cpus
 from tfopt.runtime.speedup import measure_pinned_speedup
 
 
 @pytest.mark.slow
+@pytest.mark.usefixtures("two_pinned_cores")
 def test_towers_on_two_pinned_tasks_beat_one():
-  try:
-    pinned_cpus(2)
-  except ValueError as err:
-    pytest.skip(f"needs two cores to pin two tasks: {err}")
   model = zoo.towers(depth=6, width=1024)
   x, y = model.batch(256)
   step = capture_train_step(model.model, x=x, y=y)
