@@ -1,20 +1,22 @@
 # The two set-up commands: `make demo` and `make test`. Both create or reuse
-# .venv/ at the repo root and install tfopt with its test extras into it.
+# .venv/ at the repo root and install tfopt with its cpu and test extras
+# into it. `make docs` builds the API reference into build/docs/;
+# `make wheel-check` builds the wheel and runs it from a fresh environment.
 PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test test-fast venv clean
+.PHONY: demo test test-fast lint docs wheel-check venv clean
 
 venv: $(STAMP)
 
-$(STAMP): setup.py
+$(STAMP): pyproject.toml setup.py
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -e '.[test]'
-	# keras-hub without its tensorflow-text dependency, which would replace
-	# tensorflow-cpu with the full tensorflow wheel (setup.py, extra "hub").
+	$(PY) -m pip install --quiet -e '.[cpu,test]'
+	# keras-hub without its tensorflow-text dependency, which would install
+	# the full tensorflow wheel beside tensorflow-cpu (pyproject.toml, "hub").
 	$(PY) -m pip install --quiet --no-deps 'keras-hub>=0.32,<0.33'
 	# TF Serving's request/response protos and gRPC stubs, without their
 	# `tensorflow` requirement (it would replace tensorflow-cpu); grpcio and
@@ -23,15 +25,24 @@ $(STAMP): setup.py
 	touch $(STAMP)
 
 demo: $(STAMP)
-	TF_CPP_MIN_LOG_LEVEL=2 $(PY) -m experiments.run_placed \
+	TF_CPP_MIN_LOG_LEVEL=2 $(VENV)/bin/tfopt-run-placed \
 	    --config=experiments/configs/run_placed_small_cnn.py --out_dir=.demo --overwrite
 	@echo "Gantt chart of the placed step: .demo/gantt.png; SavedModel: .demo/saved_model"
 
-test: $(STAMP)
+lint: $(STAMP)
+	$(VENV)/bin/ruff check .
+
+test: $(STAMP) lint
 	TF_CPP_MIN_LOG_LEVEL=2 $(PY) -m pytest -q
+
+docs: $(STAMP)
+	$(PY) tools/build_docs.py --out=build/docs
+
+wheel-check: $(STAMP)
+	bash tools/wheel_check.sh
 
 test-fast: $(STAMP)
 	TF_CPP_MIN_LOG_LEVEL=2 $(PY) -m pytest -q -m "not slow" tests
 
 clean:
-	rm -rf $(VENV) build *.egg-info
+	rm -rf $(VENV) build dist *.egg-info

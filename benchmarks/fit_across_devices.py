@@ -10,7 +10,7 @@ devices -- logical CPUs of one process, and server processes each under an
 OS memory cap (a cgroup of cap + --server_allowance_mib for the runtime's
 own memory) -- at caps of 1.0, 0.5 and 0.3 of the step's one-device
 liveness peak (the simulator's, analytic costs). Each configuration runs in
-its own process (experiments/_across.py) against plain Keras in one
+its own process (tfopt/cli/_across.py) against plain Keras in one
 uncapped process on the same data; "losses equal" is rtol 1e-5 on every
 epoch. Measured peaks: TensorFlow's allocation records per logical device;
 each server's cgroup peak over the whole fit (profiling and the check
@@ -28,7 +28,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 from absl import app, flags  # noqa: E402
 
-from experiments import _across  # noqa: E402
+from tfopt.cli import _across  # noqa: E402
 
 FLAGS = flags.FLAGS
 flags.DEFINE_list("models", ["mlp", "transformer_lm", "demo"], "Models.")

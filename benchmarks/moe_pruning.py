@@ -178,7 +178,7 @@ def distill_part(model, data, dense_weights):
 def main(argv):
   del argv
   from tfopt.pruning import reference_lm
-  model, _ = reference_lm.load_or_train(CHECKPOINT)
+  model, _ = reference_lm.load_or_train(CHECKPOINT, train_if_missing=True)
   data = reference_lm.corpus()
   dense_weights = model.get_weights()
   out = {"checkpoint": os.path.relpath(CHECKPOINT),

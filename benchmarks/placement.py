@@ -16,7 +16,6 @@ Writes benchmarks/results/placement.json.
 
 from __future__ import annotations
 
-import glob
 import json
 import os
 import platform
@@ -24,15 +23,14 @@ import platform
 from absl import app, flags
 
 from tfopt import Cluster
-from tfopt.graph import load_costgraph
+from tfopt.graph import load_workload, workload_names
 from tfopt.graph.analysis import live_memory_bound
 from tfopt.graph.synthetic import layered_dag, total_memory
 from tfopt.placement import InfeasiblePlacement, place
 
 FLAGS = flags.FLAGS
-flags.DEFINE_string("costgraphs", os.path.join(
-    os.path.dirname(__file__), "..", "..", "shared", "data", "costgraphs"),
-                    "Folder of tfopt.costgraph/1 files.")
+flags.DEFINE_list("costgraphs", list(workload_names()), "Workloads: shipped "
+                  "names (tfopt.graph.workload_names) or costgraph files.")
 flags.DEFINE_list("synthetic", ["1000", "4000", "20000"], "Synthetic sizes.")
 flags.DEFINE_list("devices", ["2", "4", "8"], "Device counts.")
 flags.DEFINE_list("fractions", ["1.0", "0.6", "0.35"], "Memory fractions.")
@@ -50,8 +48,8 @@ REFERENCE = {
 
 
 def _workloads():
-  for path in sorted(glob.glob(os.path.join(FLAGS.costgraphs, "*.json"))):
-    cg = load_costgraph(path)
+  for name in FLAGS.costgraphs:
+    cg = load_workload(name)
     yield cg.graph.name, cg.graph, cg.costs
   for size in FLAGS.synthetic:
     graph, costs = layered_dag(int(size), seed=0)

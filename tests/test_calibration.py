@@ -43,7 +43,7 @@ def test_round_trip_and_the_cluster_it_builds(tmp_path):
 
 def test_files_that_cannot_be_used_here_are_refused(tmp_path):
   path = tmp_path / "c.json"
-  with pytest.raises(FileNotFoundError, match="experiments.calibrate"):
+  with pytest.raises(FileNotFoundError, match="tfopt-calibrate"):
     cal.load_calibration(path)
   path.write_text("{not json")
   with pytest.raises(cal.CalibrationError, match="does not parse as JSON"):
@@ -67,8 +67,7 @@ def test_files_that_cannot_be_used_here_are_refused(tmp_path):
                                     cpu="Some Other CPU", cores=64))
   other.save(path, overwrite=True)
   with pytest.raises(cal.CalibrationError, match=r"another machine \(Some "
-                     r"Other CPU, 64 cores.*Run `python -m "
-                     r"experiments.calibrate` here"):
+                     r"Other CPU, 64 cores.*Run `tfopt-calibrate` here"):
     cal.load_calibration(path)
   assert cal.load_calibration(path, check_machine=False).machine["cores"] == 64
   _calibration(tensorflow="2.0.0").save(path, overwrite=True)

@@ -232,3 +232,25 @@ def test_sample_weights_are_refused():
   with pytest.raises(ValueError, match="Argument `sample_weight`"):
     model.fit(x, y, sample_weight=np.ones(16, "float32"), batch_size=8,
               verbose=0)
+
+
+def test_an_unbuilt_sequential_is_built_on_the_first_batch_as_keras_does():
+  def unbuilt():
+    keras.utils.set_random_seed(3)
+    return keras.Sequential([keras.layers.Dense(16, activation="relu"),
+                             keras.layers.Dense(3)])
+
+  rng = np.random.default_rng(0)
+  x = rng.standard_normal((64, 8)).astype("float32")
+  y = (x[:, 0] > 0).astype("int32")
+  plain = unbuilt()
+  plain.compile(optimizer="adam", loss=_loss())
+  expected = plain.fit(x, y, batch_size=16, epochs=2, shuffle=False,
+                       verbose=0).history["loss"]
+  model = unbuilt()
+  assert not model.built
+  tfopt.compile(model, optimizer="adam", loss=_loss(), verbose=False)
+  got = model.fit(x, y, batch_size=16, epochs=2, shuffle=False,
+                  verbose=0).history["loss"]
+  assert model.built and model.train_function.reports
+  np.testing.assert_allclose(got, expected, rtol=1e-6)

@@ -13,7 +13,7 @@ ROOT = pathlib.Path(__file__).resolve().parents[1]
 
 
 def _run(*args):
-  return subprocess.run([sys.executable, "-m", "experiments.profile", *args],
+  return subprocess.run([sys.executable, "-m", "tfopt.cli.profile", *args],
                         cwd=ROOT, capture_output=True, text=True, timeout=600)
 
 
@@ -37,7 +37,7 @@ def test_profile_script_writes_a_costgraph_and_never_overwrites(tmp_path):
 
 
 def _place(*args):
-  return subprocess.run([sys.executable, "-m", "experiments.place", *args],
+  return subprocess.run([sys.executable, "-m", "tfopt.cli.place", *args],
                         cwd=ROOT, capture_output=True, text=True, timeout=600)
 
 
@@ -72,7 +72,7 @@ def test_place_script_json_plan_and_gantt(tmp_path):
 
 
 def _prune_moe(*args):
-  return subprocess.run([sys.executable, "-m", "experiments.prune_moe", *args],
+  return subprocess.run([sys.executable, "-m", "tfopt.cli.prune_moe", *args],
                         cwd=ROOT, capture_output=True, text=True, timeout=600)
 
 
@@ -112,7 +112,7 @@ def test_prune_moe_script_bad_flags(tmp_path):
 @pytest.mark.slow
 def test_run_placed_script_end_to_end(tmp_path):
   out = tmp_path / "demo"
-  args = [sys.executable, "-m", "experiments.run_placed",
+  args = [sys.executable, "-m", "tfopt.cli.run_placed",
           "--config=experiments/configs/run_placed_mlp.py", f"--out_dir={out}"]
   done = subprocess.run(args, cwd=ROOT, capture_output=True, text=True,
                         timeout=600)
@@ -131,7 +131,7 @@ def test_run_placed_script_end_to_end(tmp_path):
 
 
 def _train(*args):
-  return subprocess.run([sys.executable, "-m", "experiments.train", *args],
+  return subprocess.run([sys.executable, "-m", "tfopt.cli.train", *args],
                         cwd=ROOT, capture_output=True, text=True, timeout=600)
 
 
@@ -194,7 +194,7 @@ def test_config_sets_flags_and_the_command_line_wins(tmp_path):
 
 def test_launch_script_bad_input():
   def launch(*args):
-    return subprocess.run([sys.executable, "-m", "experiments.launch", *args],
+    return subprocess.run([sys.executable, "-m", "tfopt.cli.launch", *args],
                           cwd=ROOT, capture_output=True, text=True,
                           timeout=300)
   no_command = launch("--workers=2")

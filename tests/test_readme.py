@@ -12,6 +12,7 @@
   so each script runs with its smallest config in CI.
 """
 
+import os
 import pathlib
 import re
 import shlex
@@ -20,12 +21,25 @@ import sys
 
 import pytest
 
+from tfopt.cli import COMMANDS
+
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 README = (ROOT / "README.md").read_text(encoding="utf-8")
 CONFIGS = sorted(p for p in (ROOT / "experiments" / "configs").glob("*.py")
                  if p.name != "__init__.py")
-SCRIPTS = sorted(p for p in (ROOT / "experiments").glob("*.py")
+# The console scripts' modules, and the research scripts beside the configs.
+SCRIPTS = sorted(p for folder in ("tfopt/cli", "experiments")
+                 for p in (ROOT / folder).glob("*.py")
                  if not p.name.startswith("_"))
+BIN = pathlib.Path(sys.executable).parent  # where pip put the console scripts
+
+
+def _command_name(script: pathlib.Path) -> str:
+  """The console script of a tfopt/cli module, or `python -m experiments.X`'s
+  module for a research script."""
+  module = ".".join(script.relative_to(ROOT).with_suffix("").parts)
+  names = [c for c, m in COMMANDS.items() if m == module]
+  return names[0] if names else module
 
 
 def _python_block(heading: str) -> str:
@@ -54,12 +68,13 @@ def _sh_blocks() -> list[list[str]]:
 def _docstring_commands(path: pathlib.Path) -> list[str]:
   import ast
   doc = ast.get_docstring(ast.parse(path.read_text(encoding="utf-8"))) or ""
-  return [c for c in _commands(doc) if c.startswith("python -m ")]
+  return [c for c in _commands(doc)
+          if c.startswith("python -m ") or c.split(" ")[0] in COMMANDS]
 
 
 def _inline_commands() -> list[str]:
-  return [" ".join(c.split()) for c in re.findall(r"`(python\s+-m\s[^`]+)`",
-                                                  README)]
+  return [" ".join(c.split()) for c in re.findall(
+      r"`((?:python\s+-m|tfopt-[a-z-]+)\s[^`]+)`", README)]
 
 
 def _run(command: str, tmp: pathlib.Path) -> subprocess.CompletedProcess:
@@ -67,12 +82,16 @@ def _run(command: str, tmp: pathlib.Path) -> subprocess.CompletedProcess:
   if argv[:2] == ["make", "demo"]:
     recipe = subprocess.run(["make", "-n", "demo"], cwd=ROOT, check=True,
                             capture_output=True, text=True).stdout
-    line = next(c for c in _commands(recipe) if "-m experiments." in c)
+    line = next(c for c in _commands(recipe) if "tfopt-" in c)
     argv = shlex.split(line)
     argv = [a.replace(".demo", str(tmp / "demo")) for a in argv
             if "=" not in a or not a.split("=")[0].isupper()]
-  assert argv[0] in ("python", ".venv/bin/python"), command
-  argv[0] = sys.executable
+    argv[0] = os.path.basename(argv[0])
+  if argv[0] in COMMANDS:
+    argv[0] = str(BIN / argv[0])  # the installed console script itself
+  else:
+    assert argv[0] in ("python", ".venv/bin/python"), command
+    argv[0] = sys.executable
   return subprocess.run(argv, cwd=ROOT, capture_output=True, text=True,
                         timeout=900, check=False)
 
@@ -83,33 +102,33 @@ def _check_output(command: str, out: str, seen: dict) -> None:
     for line in ("<- chosen", "ran where planned", "across 4 server "
                  "processes", "PredictRequest over gRPC"):
       assert line in out, (line, out[-3000:])
-  elif "experiments.profile" in command:
+  elif command.startswith("tfopt-profile"):
     assert "critical path" in out and "wrote" in out
-  elif "experiments.calibrate" in command:
+  elif command.startswith("tfopt-calibrate"):
     assert "calibrated logical x2" in out and "wrote" in out, out[-2000:]
-  elif "experiments.run_placed" in command:
+  elif command.startswith("tfopt-run-placed"):
     assert "chosen by measurement" in out, out[-3000:]
     assert "ran where planned" in out and "simulated" in out, out[-3000:]
-  elif "experiments.place" in command:
+  elif command.startswith("tfopt-place"):
     assert re.search(r"feasible\s+True", out), out[-2000:]
     if "place_gnmt_4dev" in command:
       assert "m-sct/coarse" in out and "470.35 ms" in out, out[-2000:]
-  elif "experiments.train" in command:
+  elif command.startswith("tfopt-train"):
     final = re.search(r"val_accuracy (\d\.\d+)", out)
     assert final and float(final.group(1)) >= 0.9, out[-2000:]
     if "placed" in command:
       assert "ops ran where planned" in out
       assert "devices used: ['/device:CPU:0', '/device:CPU:1']" in out
-  elif "experiments.fit_across_devices" in command:
+  elif command.startswith("tfopt-fit-across"):
     assert out.count("equal (rtol 1e-5)") == 2, out[-3000:]
     assert "the fewest devices of this cap on which a plan was found: 4" \
         in out and "variables unchanged: True" in out, out[-3000:]
-  elif "experiments.prune_moe" in command:
+  elif command.startswith("tfopt-prune-moe"):
     ratio = dict(re.findall(r"^(\w+)\s+50%\s+[\d.]+\s+([\d.]+)", out, re.M))
     assert float(ratio["moe_pruner"]) < float(ratio["magnitude"]), out
-  elif "experiments.nas" in command and "--mode=search" in command:
+  elif command.startswith("tfopt-nas") and "--mode=search" in command:
     assert "top 5 of" in out and "report.html" in out, out[-2000:]
-  elif "experiments.launch" in command:
+  elif command.startswith("tfopt-launch"):
     assert "lost [], repeated []" in out, out[-2000:]
     if "--inject=kill" in command:
       assert "killed (worker 1)" in out, out[-2000:]
@@ -139,7 +158,7 @@ module, args = sys.argv[1], sys.argv[2:]
 script = importlib.import_module(module)
 rest = flags.FLAGS([module, *args])
 if "config" in flags.FLAGS:
-  from experiments._config import apply_config, load_config
+  from tfopt.cli._config import apply_config, load_config
   if hasattr(script, "DEFAULTS"):  # train.py: the config's own knobs
     load_config(flags.FLAGS.config, script.DEFAULTS)
   else:
@@ -153,13 +172,15 @@ def _parsed_commands() -> list[str]:
   commands = _inline_commands()
   for path in CONFIGS + SCRIPTS:
     commands += _docstring_commands(path)
-  # "python -m experiments.<name>" is a template, not a command.
+  # "tfopt-<name>" is a template, not a command.
   return sorted({c for c in commands if c not in run and "<" not in c})
 
 
 @pytest.mark.parametrize("command", _parsed_commands(), ids=lambda c: c[10:70])
 def test_other_commands_parse(command):
   argv = shlex.split(command)
+  if argv[0] in COMMANDS:
+    argv = ["python", "-m", COMMANDS[argv[0]], *argv[1:]]
   assert argv[:2] == ["python", "-m"], command
   module = argv[2]
   source = ROOT / (module.replace(".", "/") + ".py")
@@ -189,11 +210,11 @@ def test_every_script_runs_a_config_in_the_readme():
       # The launcher's worker job: its flags are in launch_scale_train.py.
       assert "launch_scale_train.py" in run
       continue
-    name = f"experiments.{script.stem}"
+    name = _command_name(script)
     configs = [c.name for c in CONFIGS if any(
         name in cmd.split() for cmd in _docstring_commands(c))]
     assert configs, f"{script.name} has no config in experiments/configs"
-    assert any(f"-m {name} --config=experiments/configs/{c}" in run or
+    assert any(f"{name} --config=experiments/configs/{c}" in run or
                (script.stem == "run_placed" and "make demo" in run)
                for c in configs), (script.name, configs)
 
@@ -245,3 +266,29 @@ def test_compile_hook_example_runs():
   assert done.returncode == 0, done.stderr[-3000:]
   assert "verified on the first batch" in done.stdout
   assert "_FusedMatMul +3" in done.stdout
+
+
+def test_nothing_reads_the_shared_folder_of_the_checkout():
+  """A user's clone has no ../shared: README, configs, tests, benchmarks and
+  the package read the shipped workloads (tfopt/data) instead."""
+  here = pathlib.Path(__file__).name
+  for folder in ("tfopt", "experiments", "benchmarks", "tests", "tools"):
+    for path in (ROOT / folder).rglob("*.py"):
+      if path.name == here:
+        continue
+      text = path.read_text(encoding="utf-8")
+      assert "../shared" not in text and "shared/data" not in text, path
+  for name in ("README.md", "Makefile", "BUILD", "pyproject.toml"):
+    assert "../shared" not in (ROOT / name).read_text(encoding="utf-8"), name
+
+
+def test_every_console_script_is_declared_and_has_a_module():
+  import tomllib
+  project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+  declared = {name: target.split(":")[0]
+              for name, target in project["scripts"].items()}
+  assert declared == COMMANDS
+  for name, target in project["scripts"].items():
+    module, function = target.split(":")
+    assert function == "run", target
+    assert (ROOT / (module.replace(".", "/") + ".py")).exists(), name

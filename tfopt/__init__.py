@@ -1,16 +1,42 @@
 """tfopt: TensorFlow-native graph optimization.
 
-The foundation: capture a step as an `OpGraph` (`tfopt.graph`), cost it by
-profiling or estimate (`tfopt.cost`), describe devices (`tfopt.cluster`), and
-build models to try it on (`tfopt.zoo`). Placement: `tfopt.placement`;
-Cautious Weight Decay optimizers for Keras 3: `tfopt.optimizers`; graph
-rewrites, placed execution and export: `tfopt.passes`, `tfopt.runtime`,
-`tfopt.export`; the Keras hook: `tfopt.compile`; MoE
-pruning (MoE-Pruner, baselines, distillation, sparse export):
-`tfopt.pruning`.
+One tool for the three walls of training a TensorFlow/Keras model: it does
+not fit one device, it trains slowly or unstably at scale, it is bigger than
+it needs to be. The capabilities, their modules and README's quickstarts:
+
+- **Capture and cost a step**: `tfopt.graph` (`OpGraph`, the shipped
+  workloads: `tfopt.graph.load_workload`), `tfopt.cost` (profiled or
+  analytic costs, communication models), `tfopt.cluster` (devices, caps,
+  links, core sharing), `tfopt.calibration` (a machine's fitted numbers).
+  README: "Capture a training step", "Cost it: profile, or estimate".
+- **Placement (Baechi)**: `tfopt.placement` (m-TOPO, m-ETF, m-SCT, m-stage,
+  m-branch, exact CP-SAT, the `auto` portfolio), `tfopt.simulate` (the one
+  simulator), `tfopt.passes` (GraphDef rewrites), `tfopt.runtime` (placed
+  steps run for real, across processes too). README: "Place a graph on
+  memory-limited devices", "Placement judged by the clock".
+- **The Keras hook**: `tfopt.compile` (fusion, placement, variables moved
+  to their planned devices, XLA). README: "Optimize an existing Keras
+  script: tfopt.compile", "Models that do not fit one device".
+- **Cautious Weight Decay optimizers**: `tfopt.optimizers` (CautiousAdamW,
+  CautiousLion, CautiousMuon). README: "Train with Cautious Weight Decay".
+- **MoE pruning (MoE-Pruner)**: `tfopt.pruning`. README: "Prune a
+  mixture-of-experts model".
+- **One-shot NAS with visual steering**: `tfopt.nas`. README: "Search
+  architectures once, with the analyst in the loop".
+- **Training at scale (MegaScale's lessons)**: `tfopt.scale` (MFU,
+  stragglers, heartbeats, restarts). README: "Measure MFU", "Train on
+  several workers, with restarts".
+- **Export**: `tfopt.export` (SavedModel for TF Serving). README: "Export
+  for TF Serving".
+- **Command-line tools**: `tfopt.cli` (`tfopt-place`, `tfopt-train`, ...).
 """
 
 __version__ = "0.1.0"
+
+# Before anything loads TensorFlow: a clear message for unsupported versions.
+from tfopt._versions import check_versions as _check_versions
+
+_check_versions()
 
 # First: OR-Tools must load before TensorFlow (see _native.py).
 from tfopt import _native  # noqa: F401  pylint: disable=unused-import

@@ -1,6 +1,6 @@
 """A cluster's fitted parameters, saved and reloaded: the calibration file.
 
-`python -m experiments.calibrate --devices=logical:2` (or
+`tfopt-calibrate --devices=logical:2` (or
 `tfopt.runtime.fit_cluster`) measures, on this machine, what the simulator
 needs to predict a placed step: the link between the devices (latency,
 bandwidth, the per-transfer overhead that holds the channels, control
@@ -171,7 +171,7 @@ class Calibration:
             f"; {sharing}; {self.op_overhead_us:.1f} us per op")
     if age > STALE_AFTER_DAYS:
       line += (f"; STALE: {age:.0f} days old (over {STALE_AFTER_DAYS}), "
-               f"run experiments.calibrate again")
+               f"run tfopt-calibrate again")
     return line
 
   # -- The file --
@@ -239,7 +239,7 @@ def load_calibration(path: str | os.PathLike, *,
   path = os.fspath(path)
   if not os.path.isfile(path):
     raise FileNotFoundError(f"No calibration file at {path!r}: make one with "
-                            f"`python -m experiments.calibrate "
+                            f"`tfopt-calibrate "
                             f"--out={path}`.")
   try:
     with open(path, encoding="utf-8") as f:
@@ -263,14 +263,13 @@ def check_here(calibration: Calibration) -> None:
     raise CalibrationError(
         f"{where} was made on another machine ({_machine(calibration.machine)}"
         f") than this one ({_machine(here)}): its link and core-sharing "
-        f"numbers do not describe this one. Run `python -m "
-        f"experiments.calibrate` here.")
+        f"numbers do not describe this one. Run `tfopt-calibrate` here.")
   version = _tensorflow_version()
   if calibration.tensorflow != version:
     raise CalibrationError(
         f"{where} was made with TensorFlow {calibration.tensorflow}, and this "
         f"is TensorFlow {version}: its runtime's costs may differ. Run "
-        f"`python -m experiments.calibrate` again.")
+        f"`tfopt-calibrate` again.")
 
 
 def _machine(m: dict) -> str:

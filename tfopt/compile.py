@@ -217,6 +217,10 @@ class _OptimizedTrainFunction:
   def _capture(self, x_np, y_np):
     from tfopt.graph.capture import capture_train_step  # pylint: disable=g-import-not-at-top
     scopes = _name_scope_stack()
+    if not self.model.built:
+      # As Keras' fit does: an unbuilt model (a Sequential without an Input)
+      # is built by calling it on the first batch, here eagerly.
+      self.model(x_np, training=False)
     try:
       return capture_train_step(self.model, x=x_np, y=y_np)
     except Exception as err:  # pylint: disable=broad-except
@@ -280,7 +284,7 @@ class _OptimizedTrainFunction:
     report.cluster_source = (
         self.calibration.describe() if self.calibration is not None else
         "not calibrated: Baechi's PCIe-like link, devices computing apart "
-        "(experiments.calibrate fits this machine's)")
+        "(tfopt-calibrate fits this machine's)")
 
   def _cluster(self):
     """The devices as a Cluster; each device's type from its string (a
@@ -457,8 +461,7 @@ def compile(model, *, fusion: bool = True,  # pylint: disable=redefined-builtin
       ...]} (`LoopbackServers.spec`), a `tf.train.ClusterSpec`, a
       TF_CONFIG-style dict or JSON string; None reads `TF_CONFIG` when the
       devices name tasks.
-    calibration: a calibration file's path (`python -m
-      experiments.calibrate`) or a `tfopt.calibration.Calibration`: the
+    calibration: a calibration file's path (`tfopt-calibrate`) or a `tfopt.calibration.Calibration`: the
       devices' fitted link and core sharing, which the placer's simulator
       uses (default: Baechi's PCIe-like link, devices computing apart). A
       file from another machine or TensorFlow is refused; a stale one is

@@ -42,6 +42,8 @@ package(default_visibility = ["//visibility:public"])
 py_library(
     name = "tfopt",
     srcs = %s,
+    # The shipped workloads (tfopt.graph.load_workload).
+    data = glob(["tfopt/data/costgraphs/*"]),
 )
 
 py_library(

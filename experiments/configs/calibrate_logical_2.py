@@ -1,6 +1,6 @@
 """Calibrate two logical CPU devices of one process.
 
-    python -m experiments.calibrate \
+    tfopt-calibrate \
         --config=experiments/configs/calibrate_logical_2.py \
         --out=/tmp/calibration_logical_2.json
 

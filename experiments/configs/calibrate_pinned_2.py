@@ -1,7 +1,7 @@
 """Calibrate two server processes, each pinned to a core of its own (one
 intra-op thread, two inter-op threads): devices that really compute apart.
 
-    python -m experiments.calibrate \
+    tfopt-calibrate \
         --config=experiments/configs/calibrate_pinned_2.py \
         --out=/tmp/calibration_pinned_2.json
 

@@ -1,7 +1,7 @@
 """The demonstration: 16 x Dense(1024) trained with CautiousAdamW, 201.6 MB
 of weights and moments, on 4 devices of 88 MiB (92.3 MB) each.
 
-    python -m experiments.fit_across_devices \
+    tfopt-fit-across-devices \
         --config=experiments/configs/fit_across_devices.py
 
 Expected (2-core CPU VM, about 3 minutes): the state is 2.2x one device's

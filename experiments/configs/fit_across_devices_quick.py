@@ -2,7 +2,7 @@
 CautiousAdamW, 100.9 MB of weights and moments, on 4 devices of 48 MiB
 (50.3 MB) each.
 
-    python -m experiments.fit_across_devices \
+    tfopt-fit-across-devices \
         --config=experiments/configs/fit_across_devices_quick.py
 
 Expected (2-core CPU VM, about 2 minutes): the state is 2.0x one device's

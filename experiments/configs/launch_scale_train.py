@@ -1,7 +1,7 @@
 """The scale_train job (MLP, MultiWorkerMirroredStrategy) on 2 loopback
 workers, a checkpoint every 5 steps, up to 3 restarts.
 
-    python -m experiments.launch \
+    tfopt-launch \
         --config=experiments/configs/launch_scale_train.py --run_dir=/tmp/run
 
 Expected (2-core CPU, about 30 s, most of it TensorFlow start-up): one

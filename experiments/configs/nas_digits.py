@@ -1,7 +1,7 @@
 """One-shot NAS on the 8x8 digits, tiny64 space, the full super-network
 training of the benchmark.
 
-    python -m experiments.nas --config=experiments/configs/nas_digits.py \
+    tfopt-nas --config=experiments/configs/nas_digits.py \
         --mode=search --run_dir=/tmp/nas_full
 
 Expected (2-core CPU, about 1-2 min; seed 0): 64 sub-graphs ranked; the

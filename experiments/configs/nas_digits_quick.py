@@ -1,7 +1,7 @@
 """One-shot NAS on the 8x8 digits, tiny64 space (3 layers x {conv3, conv5,
 maxpool, skip}), a short super-network training: the smallest run.
 
-    python -m experiments.nas --config=experiments/configs/nas_digits_quick.py \
+    tfopt-nas --config=experiments/configs/nas_digits_quick.py \
         --mode=search --run_dir=/tmp/nas
 
 Expected (2-core CPU, about 20 s; seed 0): 64 sub-graphs ranked by one-shot

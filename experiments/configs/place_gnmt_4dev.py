@@ -1,7 +1,7 @@
-"""Place the profiled GNMT training graph (../shared/data/costgraphs) on 4
+"""Place the profiled GNMT training graph (shipped with tfopt) on 4
 devices that each hold 0.35 of its memory, with the whole portfolio.
 
-    python -m experiments.place --config=experiments/configs/place_gnmt_4dev.py \
+    tfopt-place --config=experiments/configs/place_gnmt_4dev.py \
         --gantt=/tmp/gnmt.png
 
 Expected (under 2 s): placer m-sct/coarse chosen, makespan 470.35 ms against
@@ -12,7 +12,7 @@ at this cap and its m-TOPO gives 520.4 ms.
 """
 
 CONFIG = {
-    "costgraph": "../shared/data/costgraphs/msr_gnmt_training_layers.json",
+    "costgraph": "msr_gnmt_training_layers",
     "devices": 4,
     "memory_fraction": 0.35,
     "placer": "auto",

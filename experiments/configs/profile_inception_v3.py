@@ -1,7 +1,7 @@
 """Profile Inception-V3's training step (batch 32, 299x299) and write it as
 a costgraph, for placement.
 
-    python -m experiments.profile \
+    tfopt-profile \
         --config=experiments/configs/profile_inception_v3.py \
         --out=/tmp/inception_v3.json
 

@@ -1,7 +1,7 @@
 """Every pruning method at 50 % on the reference MoE model, then expert-wise
 distillation of the MoE-Pruner model, and its sparse export.
 
-    python -m experiments.prune_moe --config=experiments/configs/prune_moe_all.py \
+    tfopt-prune-moe --config=experiments/configs/prune_moe_all.py \
         --export_dir=/tmp/moe_sparse
 
 Expected (2-core CPU, about 1-2 min; seed 0): dense 3.823; magnitude 1.087x,

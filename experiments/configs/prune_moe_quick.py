@@ -1,7 +1,7 @@
 """Prune the committed reference MoE language model to 50 % with magnitude
 and with MoE-Pruner, on few windows: the smallest run.
 
-    python -m experiments.prune_moe \
+    tfopt-prune-moe \
         --config=experiments/configs/prune_moe_quick.py
 
 Expected (2-core CPU, about 6 s; seed 0): dense perplexity 3.843 on 2048

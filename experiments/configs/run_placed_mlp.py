@@ -1,7 +1,7 @@
 """A small MLP placed on 3 logical CPU devices and across 2 server
 processes: the smallest run of the placed-step pipeline.
 
-    python -m experiments.run_placed --config=experiments/configs/run_placed_mlp.py \
+    tfopt-run-placed --config=experiments/configs/run_placed_mlp.py \
         --out_dir=/tmp/placed_mlp
 
 Expected (2-core CPU, about 20 s): 3 _FusedMatMul added, a plan chosen

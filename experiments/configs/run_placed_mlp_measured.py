@@ -1,12 +1,12 @@
 """A small MLP placed on 2 logical CPU devices of a calibrated machine, the
 plan chosen by the clock (select="measured").
 
-    python -m experiments.run_placed \
+    tfopt-run-placed \
         --config=experiments/configs/run_placed_mlp_measured.py \
         --calibration=/tmp/calibration_logical_2.json \
         --out_dir=/tmp/placed_mlp_measured
 
-(the calibration file from `python -m experiments.calibrate
+(the calibration file from `tfopt-calibrate
 --config=experiments/configs/calibrate_logical_2.py
 --out=/tmp/calibration_logical_2.json`). Expected (2-core CPU, about 30 s):
 the calibration described, the portfolio's table, then "chosen by

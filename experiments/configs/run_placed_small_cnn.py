@@ -2,7 +2,7 @@
 (fold, fuse), placed on 4 logical CPU devices capped at 0.15 of its memory,
 run for real there and across 4 TensorFlow server processes, and exported.
 
-    python -m experiments.run_placed \
+    tfopt-run-placed \
         --config=experiments/configs/run_placed_small_cnn.py --out_dir=.demo
 
 Expected (2-core CPU, about 30 s): the pass table (_FusedConv2D and

@@ -1,6 +1,6 @@
 """An MLP on scikit-learn's bundled 8x8 digits, CautiousAdamW, fused step.
 
-    python -m experiments.train --config=experiments/configs/train_digits_mlp.py
+    tfopt-train --config=experiments/configs/train_digits_mlp.py
 
 Expected (2-core CPU, under 10 s): the tfopt.compile report shows 3
 _FusedMatMul and the check on the first batch; validation accuracy about

@@ -1,6 +1,6 @@
 """The digits MLP placed by m-ETF on 2 logical CPU devices, CautiousLion.
 
-    python -m experiments.train \
+    tfopt-train \
         --config=experiments/configs/train_digits_mlp_placed.py
 
 Expected (2-core CPU, under 10 s): the report shows the placement on

@@ -78,3 +78,20 @@ def test_bad_input(cnn, tmp_path):
   with pytest.raises(ValueError, match="existing directory"):
     saved_model(cnn, tmp_path / "missing" / "x")
   assert not (tmp_path / "x").exists()
+
+
+def test_without_the_serving_package_the_export_is_written_first(
+    cnn, tmp_path, monkeypatch, caplog):
+  from tfopt.export import saved_model as module  # pylint: disable=g-import-not-at-top
+  monkeypatch.setattr(module, "serving_api_available", lambda: False)
+  with caplog.at_level("WARNING", logger="tfopt"):
+    report = saved_model(cnn, tmp_path / "auto")   # default: where it exists
+  assert report.served_max_abs_diff is None
+  assert (tmp_path / "auto" / "saved_model.pb").exists()
+  assert "serving_check=False skips" in caplog.text
+  assert "tensorflow-serving-api" in caplog.text
+  with pytest.raises(ImportError, match=r"SavedModel is written to .*required"
+                     r"|SavedModel is written to .*serving_check=False"):
+    saved_model(cnn, tmp_path / "required", serving_check=True)
+  assert (tmp_path / "required" / "saved_model.pb").exists()
+  assert tf.saved_model.load(str(tmp_path / "required")).signatures

@@ -102,7 +102,7 @@ def test_ci_sized_search(tmp_path):
 
 
 def _nas(*args):
-  return subprocess.run([sys.executable, "-m", "experiments.nas", *args],
+  return subprocess.run([sys.executable, "-m", "tfopt.cli.nas", *args],
                         cwd=ROOT, capture_output=True, text=True, timeout=600)
 
 

@@ -47,7 +47,7 @@ def test_fits_recover_known_parameters_from_synthetic_measurements():
 def test_calibrate_command_on_logical_devices(tmp_path):
   out = tmp_path / "cal.json"
   done = subprocess.run(
-      [sys.executable, "-m", "experiments.calibrate",
+      [sys.executable, "-m", "tfopt.cli.calibrate",
        "--config=experiments/configs/calibrate_logical_2.py", f"--out={out}",
        "--repeats=3"], capture_output=True, text=True, timeout=300,
       check=False)
@@ -60,12 +60,12 @@ def test_calibrate_command_on_logical_devices(tmp_path):
   # Logical devices hand tensors over: a latency of microseconds, not ms.
   assert 0 < doc["link"]["latency_us"] < 1000
   again = subprocess.run(
-      [sys.executable, "-m", "experiments.calibrate",
+      [sys.executable, "-m", "tfopt.cli.calibrate",
        "--config=experiments/configs/calibrate_logical_2.py", f"--out={out}"],
       capture_output=True, text=True, timeout=300, check=False)
   assert again.returncode != 0 and "--overwrite" in again.stderr
   bad = subprocess.run(
-      [sys.executable, "-m", "experiments.calibrate", "--devices=gpu:2",
+      [sys.executable, "-m", "tfopt.cli.calibrate", "--devices=gpu:2",
        f"--out={tmp_path / 'x.json'}"], capture_output=True, text=True,
       timeout=300, check=False)
   assert bad.returncode != 0 and "--devices must be KIND:N" in bad.stderr

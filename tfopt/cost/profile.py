@@ -38,6 +38,7 @@ from typing import Sequence
 import numpy as np
 import tensorflow as tf
 
+from tfopt._quiet import native_info_logs_quiet
 from tfopt._errors import check_positive_int, invalid_argument
 from tfopt._timing import median_us
 from tfopt.cost import analytic
@@ -223,7 +224,9 @@ def _traced_samples(session, inputs, steps, warmup, bar, cores,
     options = tf.compat.v1.RunOptions(
         trace_level=tf.compat.v1.RunOptions.FULL_TRACE,
         output_partition_graphs=i == 0)
-    session.run(inputs, options=options, run_metadata=metadata)
+    # Each traced run logs five profiler INFO lines natively.
+    with native_info_logs_quiet():
+      session.run(inputs, options=options, run_metadata=metadata)
     if i == 0:
       out.ran = {node.name for partition in metadata.partition_graphs
                  for node in partition.node}

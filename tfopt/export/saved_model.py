@@ -19,6 +19,7 @@
 from __future__ import annotations
 
 import dataclasses
+import logging
 import os
 import shutil
 import subprocess
@@ -189,10 +190,53 @@ def _max_diff(expected: dict, got: dict, what: str) -> float:
   return worst
 
 
+def _install(export_dir: str, path: str, parent: str) -> None:
+  """Moves the checked export to `path` (replacing what is there only when
+  the caller passed overwrite=True: swapped first, then the old removed)."""
+  if os.path.exists(path):
+    old = tempfile.mkdtemp(prefix=".tmp-replaced-", dir=parent)
+    os.rename(path, os.path.join(old, "previous"))
+    os.rename(export_dir, path)
+    shutil.rmtree(old, ignore_errors=True)
+  else:
+    os.rename(export_dir, path)
+
+
+def serving_api_available() -> bool:
+  """Whether TF Serving's API package (`tensorflow-serving-api`) imports."""
+  import importlib.util  # pylint: disable=g-import-not-at-top
+  try:
+    return importlib.util.find_spec("tensorflow_serving.apis") is not None
+  except ModuleNotFoundError:
+    return False
+
+
+def _serving_check_wanted(serving_check: bool | None, path: str) -> bool:
+  """True: run it (its package missing is an error naming the written
+  SavedModel); None: run it where the package exists, else say how to get
+  it; False: skip."""
+  if serving_check is False:
+    return False
+  if serving_api_available():
+    return True
+  how = ("pip install --no-deps 'tensorflow-serving-api>=2.18,<2.22' "
+         "(--no-deps keeps your TensorFlow build); serving_check=False skips "
+         "the check")
+  if serving_check:
+    raise ImportError(f"The SavedModel is written to {path}, but its TF "
+                      f"Serving check needs the `tensorflow-serving-api` "
+                      f"package: {how}.")
+  logging.getLogger("tfopt").warning(
+      "SavedModel written to %s; its TF Serving check was skipped: %s.",
+      path, how)
+  return False
+
+
 def saved_model(model_or_function: Any, path: str | os.PathLike, *,
                 input_signature: Sequence[tf.TensorSpec] | None = None,
                 overwrite: bool = False, keep_placement: bool = False,
-                batch_sizes: Sequence[int] = (1, 3), serving_check: bool = True,
+                batch_sizes: Sequence[int] = (1, 3),
+                serving_check: bool | None = None,
                 rtol: float = 1e-5, atol: float = 1e-5) -> ExportReport:
   """Exports a Keras model or tf.function as a checked SavedModel.
 
@@ -207,7 +251,10 @@ def saved_model(model_or_function: Any, path: str | os.PathLike, *,
       other hardware then needs soft placement.
     batch_sizes: two (or more) batch sizes the reloaded model is compared at.
     serving_check: also answer a PredictRequest over TF Serving's gRPC API
-      in a local server (needs the `tensorflow-serving-api` package).
+      in a local server, after the SavedModel is written. None (default):
+      where the `tensorflow-serving-api` package exists, else skipped with
+      a warning saying how to get it; True: required (an ImportError when
+      the package is missing, the SavedModel already written); False: skip.
     rtol, atol: tolerance of the reload comparison.
   """
   path = os.path.abspath(os.fspath(path))
@@ -270,26 +317,23 @@ def saved_model(model_or_function: Any, path: str | os.PathLike, *,
         raise RuntimeError(f"The reloaded export differs from the original "
                            f"at batch size {size}: max |diff| {diff:.3g}.")
       worst = max(worst, diff)
-    served = None
-    if serving_check:
-      from tfopt.export.serving import predict_over_grpc  # pylint: disable=g-import-not-at-top
-      batch = sample_batch(specs, sizes[0], seed=7)
-      response = predict_over_grpc(export_dir, batch)
-      served = _max_diff(_as_dict(call(batch)), response,
-                         "PredictRequest answer")
-      if served > atol + rtol * 10:
-        raise RuntimeError(f"The PredictRequest answer differs from the "
-                           f"model: max |diff| {served:.3g}.")
     del loaded, signature
-    if os.path.exists(path):  # overwrite=True: swap, then drop the old one
-      old = tempfile.mkdtemp(prefix=".tmp-replaced-", dir=parent)
-      os.rename(path, os.path.join(old, "previous"))
-      os.rename(export_dir, path)
-      shutil.rmtree(old, ignore_errors=True)
-    else:
-      os.rename(export_dir, path)
+    _install(export_dir, path, parent)
   finally:
     shutil.rmtree(staging, ignore_errors=True)
+  # The SavedModel is in place before the serving check: a missing package
+  # or a failed check never costs the user the export.
+  served = None
+  if _serving_check_wanted(serving_check, path):
+    from tfopt.export.serving import predict_over_grpc  # pylint: disable=g-import-not-at-top
+    batch = sample_batch(specs, sizes[0], seed=7)
+    response = predict_over_grpc(path, batch)
+    served = _max_diff(_as_dict(call(batch)), response,
+                       "PredictRequest answer")
+    if served > atol + rtol * 10:
+      raise RuntimeError(f"The PredictRequest answer of the SavedModel at "
+                         f"{path} differs from the model: max |diff| "
+                         f"{served:.3g}.")
   return ExportReport(path, {s.name: (tuple(s.shape.as_list()), s.dtype.name)
                              for s in specs}, outputs, keep_placement,
                       remaining, cli, sizes, worst, served)

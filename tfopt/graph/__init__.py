@@ -8,6 +8,7 @@ from tfopt.graph.costgraph_io import (FORMAT, CostGraph, costgraph_from_dict,
                                       costgraph_to_dict, load_costgraph,
                                       save_costgraph)
 from tfopt.graph.opgraph import CONTROL, Edge, Op, OpGraph, topological_order
+from tfopt.graph.workloads import load_workload, workload_names, workload_path
 
 # The TensorFlow-facing constructors import TensorFlow; they are exposed
 # lazily so that reading a costgraph file does not pay for it.
@@ -26,6 +27,6 @@ __getattr__ = lazy_getattr("tfopt.graph", _LAZY)
 __all__ = ["CONTROL", "CostGraph", "CriticalPath", "Edge", "FORMAT",
            "LiveMemoryBound", "Op", "OpGraph", "costgraph_from_dict",
            "costgraph_to_dict", "critical_path", "format_summary",
-           "graph_summary", "live_memory_bound", "load_costgraph",
+           "graph_summary", "live_memory_bound", "load_costgraph", "load_workload",
            "makespan_lower_bound", "save_costgraph",
-           "topological_order", *_LAZY]
+           "topological_order", "workload_names", "workload_path", *_LAZY]

@@ -188,15 +188,26 @@ def costgraph_to_dict(graph: OpGraph, costs: CostModel, *, source: str = "",
 def load_costgraph(path: str | os.PathLike) -> CostGraph:
   """Reads a `tfopt.costgraph/1` file; malformed JSON names the position."""
   path = os.fspath(path)
-  with open(path, encoding="utf-8") as f:
-    text = f.read()
+  try:
+    with open(path, encoding="utf-8") as f:
+      text = f.read()
+  except FileNotFoundError:
+    raise FileNotFoundError(
+        f"Costgraph file {path!r} does not exist (the shipped workloads load "
+        f"by name: tfopt.graph.load_workload)") from None
+  except IsADirectoryError:
+    raise IsADirectoryError(
+        f"Costgraph file {path!r} is a directory, not a file") from None
   try:
     doc = json.loads(text)
   except json.JSONDecodeError as err:
     raise CostGraphFormatError(
         f"File {path!r} is not valid JSON: {err.msg} at line {err.lineno} "
         f"column {err.colno}") from None
-  return costgraph_from_dict(doc)
+  try:
+    return costgraph_from_dict(doc)
+  except CostGraphFormatError as err:
+    raise CostGraphFormatError(f"File {path!r}: {err}") from None
 
 
 def save_costgraph(path: str | os.PathLike, graph: OpGraph, costs: CostModel,

@@ -12,7 +12,7 @@ the log-likelihood with `rank(score="log_likelihood")`) on a diverging scale
 centred on the median score; grey = not evaluated yet; a cross marks a
 sub-graph the constraints exclude (removed op, outside the region, over the
 limits) and a diamond one that satisfies every lock. In the HTML file a
-click selects sub-graphs and the page shows the `experiments.nas` command
+click selects sub-graphs and the page shows the `tfopt-nas` command
 that turns the selection into a region.
 """
 
@@ -258,7 +258,7 @@ const chosen = new Set();
 function refresh() {
   const list = [...chosen].sort((a, b) => a - b).join(",");
   document.getElementById("cmd").textContent = list ?
-    "python -m experiments.nas --mode=steer --run_dir=" + RUN_DIR +
+    "tfopt-nas --mode=steer --run_dir=" + RUN_DIR +
     " --select=" + list + " --how=union" : "(click points to select)";
 }
 document.querySelectorAll(".pt").forEach(p => p.addEventListener("click",

@@ -96,11 +96,22 @@ def perplexity(model, x: np.ndarray, y: np.ndarray,
 
 
 def load_or_train(path: str | None, steps: int = 1500, seed: int = 0,
-                  verbose: int = 1):
-  """The reference model from `path` (a .weights.h5) if it exists, else
-  trained for `steps` steps and saved there (when `path` is given)."""
+                  verbose: int = 1, *, train_if_missing: bool = False):
+  """The reference model from `path` (a .weights.h5).
+
+  A `path` that does not exist is an error (a relative path is read from
+  the working directory), unless `train_if_missing=True`: then the model is
+  trained for `steps` steps (about 12 minutes on 2 cores at 1500) and saved
+  there. `path=None` trains without saving.
+  """
   if path is not None and not path.endswith(".weights.h5"):
     raise invalid_argument("path", "a file name ending in .weights.h5", path)
+  if path is not None and not os.path.exists(path) and not train_if_missing:
+    raise FileNotFoundError(
+        f"Argument `path` must name an existing .weights.h5 file (relative "
+        f"paths are read from the working directory, {os.getcwd()}); pass "
+        f"train_if_missing=True to train the reference model ({steps} steps, "
+        f"minutes) and save it there. Received: path={path!r}")
   model = build(seed=seed, steps=steps)
   if path is not None and os.path.exists(path):
     model.load_weights(path)

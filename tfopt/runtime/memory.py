@@ -23,6 +23,7 @@ from typing import Sequence
 import numpy as np
 import tensorflow as tf
 
+from tfopt._quiet import native_info_logs_quiet
 from tfopt.runtime.session import (StepSession, local_device_count,
                                    session_config)
 from tfopt.simulate.simulator import peak_level
@@ -101,8 +102,9 @@ def measure_peak_bytes(step, inputs: Sequence[np.ndarray], *,
                    target=target) as session:
     for _ in range(warmup):
       session.run(inputs)
-    session.run(inputs, options=tf.compat.v1.RunOptions(
-        trace_level=tf.compat.v1.RunOptions.FULL_TRACE),
-                run_metadata=metadata)
+    with native_info_logs_quiet():  # the profiler's INFO lines
+      session.run(inputs, options=tf.compat.v1.RunOptions(
+          trace_level=tf.compat.v1.RunOptions.FULL_TRACE),
+                  run_metadata=metadata)
   return MeasuredMemory(tuple(devices), tuple(variable_bytes),
                         tuple(allocation_peaks(metadata, devices)))

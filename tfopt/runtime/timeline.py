@@ -21,6 +21,7 @@ from typing import Mapping, Sequence
 
 import tensorflow as tf
 
+from tfopt._quiet import native_info_logs_quiet
 from tfopt.runtime.session import StepSession, same_device
 
 _RPC = re.compile(r"\[(?P<size>[\d.]+)(?P<unit>B|KB|MB|GB)\].*?edge_\d+_"
@@ -122,9 +123,10 @@ def measure_timeline(step, graph_def, inputs: Sequence, device_names:
     for _ in range(warmup):
       session.run(inputs)
     metadata = tf.compat.v1.RunMetadata()
-    session.run(inputs, options=tf.compat.v1.RunOptions(
-        trace_level=tf.compat.v1.RunOptions.FULL_TRACE),
-                run_metadata=metadata)
+    with native_info_logs_quiet():  # the profiler's INFO lines
+      session.run(inputs, options=tf.compat.v1.RunOptions(
+          trace_level=tf.compat.v1.RunOptions.FULL_TRACE),
+                  run_metadata=metadata)
   return read_timeline(metadata, device_names, ops, cores_per_device)
 
 

@@ -1,6 +1,6 @@
 """Fit the simulator's cluster model on this machine and save it.
 
-    python -m experiments.calibrate --devices=logical:2 \
+    tfopt-calibrate --devices=logical:2 \
         --out=/tmp/calibration.json
 
 `--devices=KIND:N` names the devices: `logical` (N logical CPU devices of
@@ -11,7 +11,7 @@ bandwidth), batches of small copies issued together (the overhead that
 holds the channels: how far transfers overlap) and chains of MatMuls on one
 and on two devices at once (whether they share cores, and how well), prints
 the fit with its residuals, and writes a `tfopt.calibration/1` file that
-`experiments.place --calibration`, `experiments.run_placed --calibration`,
+`tfopt-place --calibration`, `tfopt-run-placed --calibration`,
 `tfopt.compile(calibration=...)` and `benchmarks.runtime` read.
 
 Expected on the command above (2-core VM, about 10 s): a hand-over of about
@@ -29,8 +29,9 @@ import os
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 from absl import app, flags  # noqa: E402
+from tfopt.cli._main import run_main  # noqa: E402
 
-from experiments._config import apply_config, define_config_flag  # noqa: E402
+from tfopt.cli._config import apply_config, define_config_flag  # noqa: E402
 
 FLAGS = flags.FLAGS
 define_config_flag()
@@ -90,5 +91,10 @@ def main(argv):
   print(f"wrote {FLAGS.out}")
 
 
+def run() -> None:
+  """The console script's entry point."""
+  run_main(main, __doc__)
+
+
 if __name__ == "__main__":
-  app.run(main)
+  run()

@@ -208,7 +208,7 @@ def _measured_logical(model, x, y, spec, graph_def, devices) -> list[int]:
 
 def run_in_subprocess(spec: dict, timeout_s: float = 1800) -> dict:
   """`run(spec)` in a fresh interpreter; its result."""
-  code = ("import json, sys; from experiments import _across; "
+  code = ("import json, sys; from tfopt.cli import _across; "
           "print(_across.TAG + json.dumps(_across.run(json.loads("
           "sys.argv[1]))), flush=True)")
   env = dict(os.environ)

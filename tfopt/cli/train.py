@@ -1,7 +1,7 @@
 """Train a zoo model with tfopt: optimizer choice (the cautious ones
 included), the tfopt.compile hook (fusion, placement), MFU monitor.
 
-    python -m experiments.train --config=experiments/configs/train_digits_mlp.py
+    tfopt-train --config=experiments/configs/train_digits_mlp.py
 
 The knobs are in the config file (see experiments/configs/, each with its
 command and expected result); flags: --config, --epochs (override),
@@ -16,12 +16,14 @@ import os
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 from absl import app, flags  # noqa: E402
+from tfopt.cli._main import run_main  # noqa: E402
 
-from experiments._config import load_config  # noqa: E402
+from tfopt.cli._config import load_config  # noqa: E402
 
 FLAGS = flags.FLAGS
-flags.DEFINE_string("config", "experiments/configs/train_digits_mlp.py",
-                    "Config file (experiments/configs/*.py).")
+flags.DEFINE_string("config", None, "Config file (the repository's "
+                    "experiments/configs/*.py); without one, DEFAULTS: an MLP "
+                    "on the bundled digits with CautiousAdamW.")
 flags.DEFINE_integer("epochs", None, "Override the config's epochs.")
 flags.DEFINE_string("out", None, "Write the history and reports as JSON.")
 flags.DEFINE_string("mfu_png", None, "Draw the MFU / step-time timeline "
@@ -30,7 +32,8 @@ flags.DEFINE_bool("overwrite", False, "Replace --out / --mfu_png if they "
                   "exist.")
 
 DEFAULTS = {
-    "model": "mlp", "model_kwargs": {}, "data": "digits",
+    "model": "mlp", "model_kwargs": {"input_dim": 64, "hidden": [128, 128]},
+    "data": "digits",
     "optimizer": "cautious_adamw", "learning_rate": 1e-3,
     "weight_decay": 0.01, "batch_size": 50, "epochs": 5, "fusion": True,
     "placement": None, "logical_devices": 1, "memory_per_device": None,
@@ -154,5 +157,10 @@ def main(argv):
     print(f"wrote {FLAGS.out}")
 
 
+def run() -> None:
+  """The console script's entry point."""
+  run_main(main, __doc__)
+
+
 if __name__ == "__main__":
-  app.run(main)
+  run()

@@ -1,6 +1,6 @@
 """The main job: a zoo model's training step optimized, placed and run for real.
 
-    python -m experiments.run_placed --model=small_cnn --devices=4 \
+    tfopt-run-placed --model=small_cnn --devices=4 \
         --memory_fraction=0.15 --out_dir=.demo
 
 Builds the model, captures and profiles its training step, runs the pass
@@ -26,7 +26,7 @@ planned, in-process and across 4 processes; XLA compiles about 480 ops in
 per-device clusters (not the fused op); measured / simulated step time
 about 0.7-0.8 (the logical devices share memory, so their copies cost less
 than the PCIe-like link the plan assumed; `--calibration` with a file from
-`experiments.calibrate` gives the simulator this machine's link and core
+`tfopt-calibrate` gives the simulator this machine's link and core
 sharing, `--select=measured` lets the clock choose the plan). Files in
 --out_dir: gantt.png, plan.json, saved_model/.
 """
@@ -40,8 +40,9 @@ import time
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 from absl import app, flags  # noqa: E402
+from tfopt.cli._main import run_main  # noqa: E402
 
-from experiments._config import apply_config, define_config_flag  # noqa: E402
+from tfopt.cli._config import apply_config, define_config_flag  # noqa: E402
 
 from tfopt import zoo  # noqa: E402
 from tfopt.placement import PLACERS  # noqa: E402
@@ -59,7 +60,7 @@ flags.DEFINE_string("pipeline",
                     "prune,identity,fold,fuse,coarsen,place,control",
                     "Pass pipeline.")
 flags.DEFINE_string("calibration", None, "A calibration file of logical "
-                    "devices (python -m experiments.calibrate "
+                    "devices (tfopt-calibrate "
                     "--devices=logical:N): the placer's simulator uses its "
                     "link and core sharing.")
 flags.DEFINE_enum("select", "simulated", ["simulated", "measured"],
@@ -290,5 +291,10 @@ def _unplaced(graph_def):
   return out
 
 
+def run() -> None:
+  """The console script's entry point."""
+  run_main(main, __doc__)
+
+
 if __name__ == "__main__":
-  app.run(main)
+  run()

@@ -1,7 +1,7 @@
 """Place a costgraph on memory-limited devices and report the plan.
 
-    python -m experiments.place \
-        --costgraph=../shared/data/costgraphs/msr_gnmt_training_layers.json \
+    tfopt-place \
+        --costgraph=msr_gnmt_training_layers \
         --devices=4 --memory_fraction=0.35 --placer=auto --gantt=/tmp/gnmt.png
 
 prints placement seconds, makespan, single-device makespan, the lower bound,
@@ -13,7 +13,7 @@ portfolio. Expected on that command: m-sct/coarse chosen, 470.4 ms against
 makespan_us, single_device_us, lower_bound_us, peak_bytes, feasible);
 `--out=PLAN.json` writes {"placement": {op: device}, ...} for every op. The
 communication model defaults to the published GPU fit, 134 us + bytes /
-5.7 GB/s; `--calibration=FILE` (from `python -m experiments.calibrate`)
+5.7 GB/s; `--calibration=FILE` (from `tfopt-calibrate`)
 uses a machine's fitted link and core sharing instead. `--memory_fraction` is a fraction of the graph's total memory
 (persistent + temp + output bytes) per device.
 """
@@ -24,13 +24,14 @@ import json
 import sys
 
 from absl import app, flags
+from tfopt.cli._main import run_main
 
-from experiments._config import apply_config, define_config_flag
+from tfopt.cli._config import apply_config, define_config_flag
 
 from tfopt import Cluster
 from tfopt._io import atomic_write_text
 from tfopt.cost.comm import PCIE_BANDWIDTH_GBPS, PCIE_LATENCY_US, CommModel
-from tfopt.graph import load_costgraph
+from tfopt.graph import load_workload, workload_names
 from tfopt.graph.synthetic import total_memory
 from tfopt.placement import PLACERS, InfeasiblePlacement, place
 
@@ -47,7 +48,7 @@ flags.DEFINE_float("comm_latency_us", PCIE_LATENCY_US, "Transfer latency.")
 flags.DEFINE_float("comm_bandwidth_gbps", PCIE_BANDWIDTH_GBPS,
                    "Transfer bandwidth, GB/s.")
 flags.DEFINE_string("calibration", None, "A calibration file (python -m "
-                    "experiments.calibrate): the devices' fitted link and "
+                    "tfopt-calibrate): the devices' fitted link and "
                     "core sharing instead of --comm_*.")
 flags.DEFINE_bool("json", False, "Print one JSON object.")
 flags.DEFINE_string("out", None, "Write the plan as JSON here.")
@@ -67,9 +68,10 @@ def main(argv):
   del argv
   apply_config()
   if not FLAGS.costgraph:
-    raise app.UsageError("--costgraph is required (a tfopt.costgraph/1 file, "
-                         "e.g. ../shared/data/costgraphs/*.json), on the "
-                         "command line or in --config.")
+    raise app.UsageError("--costgraph is required (a shipped workload: "
+                         f"{', '.join(workload_names())}; or a "
+                         "tfopt.costgraph/1 file), on the command line or in "
+                         "--config.")
   if FLAGS.memory_per_device is not None and FLAGS.memory_fraction is not None:
     raise app.UsageError("Give --memory_per_device or --memory_fraction, not "
                          "both.")
@@ -79,7 +81,10 @@ def main(argv):
   if FLAGS.devices <= 0:
     raise app.UsageError(f"--devices must be a positive integer. Received: "
                          f"{FLAGS.devices}")
-  cg = load_costgraph(FLAGS.costgraph)
+  try:
+    cg = load_workload(FLAGS.costgraph)
+  except (OSError, ValueError) as err:  # missing file, bad name or document
+    raise app.UsageError(f"--costgraph: {err}") from None
   graph, costs = cg.graph, cg.costs
   cap = FLAGS.memory_per_device
   if FLAGS.memory_fraction is not None:
@@ -145,5 +150,10 @@ def main(argv):
   return 0
 
 
+def run() -> None:
+  """The console script's entry point (main's value is the exit status)."""
+  run_main(main, __doc__)
+
+
 if __name__ == "__main__":
-  app.run(lambda argv: sys.exit(main(argv)))
+  run()

@@ -1,7 +1,7 @@
 """Run a training script on N loopback workers with heartbeats, restarts and
 fault injection (`tfopt.scale.launch`), and report how the run went.
 
-    python -m experiments.launch \
+    tfopt-launch \
         --config=experiments/configs/launch_scale_train.py --run_dir=/tmp/run
 
 The config names the command each worker runs (`command`, a string split
@@ -21,11 +21,11 @@ scripts that cannot import `experiments`.
 from __future__ import annotations
 
 import shlex
-import sys
 
 from absl import app, flags
+from tfopt.cli._main import run_main
 
-from experiments._config import apply_config, define_config_flag
+from tfopt.cli._config import apply_config, define_config_flag
 from tfopt.scale.launch import CLI_KNOBS, DEFAULTS, run_and_report
 
 FLAGS = flags.FLAGS
@@ -65,5 +65,10 @@ def main(argv):
                         **{name: getattr(FLAGS, name) for name in CLI_KNOBS})
 
 
+def run() -> None:
+  """The console script's entry point (main's value is the exit status)."""
+  run_main(main, __doc__)
+
+
 if __name__ == "__main__":
-  app.run(lambda argv: sys.exit(main(argv)))
+  run()

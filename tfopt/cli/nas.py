@@ -1,13 +1,13 @@
 """One-shot NAS with visual steering, from the command line.
 
-    python -m experiments.nas --mode=search --run_dir=/tmp/nas --steps=2000
+    tfopt-nas --mode=search --run_dir=/tmp/nas --steps=2000
     open /tmp/nas/report.html                 # scatterplot, components, curves
-    python -m experiments.nas --mode=steer --run_dir=/tmp/nas \
+    tfopt-nas --mode=steer --run_dir=/tmp/nas \
         --remove=layer0:skip --lock=layer2:conv3
-    python -m experiments.nas --mode=search --run_dir=/tmp/nas --resume
-    python -m experiments.nas --mode=rank --run_dir=/tmp/nas
-    python -m experiments.nas --mode=export --run_dir=/tmp/nas   # top-1
-    python -m experiments.nas --mode=benchmark --run_dir=/tmp/nas --seed=0
+    tfopt-nas --mode=search --run_dir=/tmp/nas --resume
+    tfopt-nas --mode=rank --run_dir=/tmp/nas
+    tfopt-nas --mode=export --run_dir=/tmp/nas   # top-1
+    tfopt-nas --mode=benchmark --run_dir=/tmp/nas --seed=0
 
 Modes:
 - search: trains the super-network of `--space` (a preset name or a space
@@ -32,8 +32,9 @@ import json
 import os
 
 from absl import app, flags
+from tfopt.cli._main import run_main
 
-from experiments._config import apply_config, define_config_flag
+from tfopt.cli._config import apply_config, define_config_flag
 
 import tfopt  # noqa: F401  (OR-Tools before TensorFlow)
 
@@ -275,5 +276,10 @@ def main(argv):
   return 0
 
 
+def run() -> None:
+  """The console script's entry point."""
+  run_main(main, __doc__)
+
+
 if __name__ == "__main__":
-  app.run(main)
+  run()

@@ -1,6 +1,6 @@
 """Profile a built-in model's training step and write it as a costgraph.
 
-    python -m experiments.profile --model=inception_v3 --batch_size=32 \
+    tfopt-profile --model=inception_v3 --batch_size=32 \
         --out=/tmp/inception_v3.json
 
 prints a summary (ops, total compute, memory, critical path, lower bound) and
@@ -20,8 +20,9 @@ import time
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 from absl import app, flags  # noqa: E402
+from tfopt.cli._main import run_main  # noqa: E402
 
-from experiments._config import apply_config, define_config_flag  # noqa: E402
+from tfopt.cli._config import apply_config, define_config_flag  # noqa: E402
 
 from tfopt import zoo  # noqa: E402
 
@@ -83,10 +84,15 @@ def main(argv):
     print(f"comm fit         {fit}")
   if FLAGS.out:
     save_costgraph(FLAGS.out, step.graph, costs, overwrite=FLAGS.overwrite,
-                   source=f"tfopt experiments.profile --model={FLAGS.model} "
+                   source=f"tfopt tfopt-profile --model={FLAGS.model} "
                    f"--batch_size={FLAGS.batch_size}; {costs.source}")
     print(f"wrote            {FLAGS.out}")
 
 
+def run() -> None:
+  """The console script's entry point."""
+  run_main(main, __doc__)
+
+
 if __name__ == "__main__":
-  app.run(main)
+  run()

@@ -1,7 +1,7 @@
 """A model whose state does not fit one device trains with an unchanged
 `model.fit` through `tfopt.compile`, on capped devices.
 
-    python -m experiments.fit_across_devices \
+    tfopt-fit-across-devices \
         --config=experiments/configs/fit_across_devices.py
 
 Three parts, each in its own process, against plain Keras in one uncapped
@@ -24,9 +24,10 @@ import os
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 from absl import app, flags  # noqa: E402
+from tfopt.cli._main import run_main  # noqa: E402
 
-from experiments import _across  # noqa: E402
-from experiments._config import apply_config, define_config_flag  # noqa: E402
+from tfopt.cli import _across  # noqa: E402
+from tfopt.cli._config import apply_config, define_config_flag  # noqa: E402
 
 FLAGS = flags.FLAGS
 define_config_flag()
@@ -120,5 +121,10 @@ def main(argv):
     print(f"wrote {FLAGS.out}")
 
 
+def run() -> None:
+  """The console script's entry point."""
+  run_main(main, __doc__)
+
+
 if __name__ == "__main__":
-  app.run(main)
+  run()

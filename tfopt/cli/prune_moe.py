@@ -1,6 +1,6 @@
 """Prune the reference MoE language model with each method, distil, report.
 
-    python -m experiments.prune_moe --methods=magnitude,wanda,moe_pruner,sparsegpt \
+    tfopt-prune-moe --methods=magnitude,wanda,moe_pruner,sparsegpt \
         --sparsity=0.5 --distill_steps=300 --export_dir=/tmp/moe_sparse
 
 loads the reference model (benchmarks/results/moe_lm_reference.weights.h5,
@@ -25,15 +25,17 @@ import re
 import warnings
 
 from absl import app, flags
+from tfopt.cli._main import run_main
 
-from experiments._config import apply_config, define_config_flag
+from tfopt.cli._config import apply_config, define_config_flag
 
 import tfopt  # noqa: F401  (OR-Tools before TensorFlow)
 from tfopt.pruning.methods import METHODS
 
-DEFAULT_CHECKPOINT = os.path.join(os.path.dirname(os.path.dirname(
-    os.path.abspath(__file__))), "benchmarks", "results",
-    "moe_lm_reference.weights.h5")
+# The committed reference model, relative to a clone's root (where README's
+# commands run); elsewhere give --checkpoint, or --train to make one.
+DEFAULT_CHECKPOINT = os.path.join("benchmarks", "results",
+                                  "moe_lm_reference.weights.h5")
 
 FLAGS = flags.FLAGS
 define_config_flag()
@@ -94,7 +96,8 @@ def main(argv):
                              export_sparse, install_masks, prune_moe,
                              reference_lm, strip_pruning)
   model, _ = reference_lm.load_or_train(FLAGS.checkpoint,
-                                        steps=FLAGS.train_steps)
+                                        steps=FLAGS.train_steps,
+                                        train_if_missing=FLAGS.train)
   data = reference_lm.corpus()
   dense = model.get_weights()
   x_eval, y_eval = data.eval_windows(FLAGS.eval_windows)
@@ -165,5 +168,10 @@ def main(argv):
   return 0
 
 
+def run() -> None:
+  """The console script's entry point."""
+  run_main(main, __doc__)
+
+
 if __name__ == "__main__":
-  app.run(main)
+  run()
