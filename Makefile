@@ -21,7 +21,7 @@ $(STAMP): pyproject.toml setup.py
 	# TF Serving's request/response protos and gRPC stubs, without their
 	# `tensorflow` requirement (it would replace tensorflow-cpu); grpcio and
 	# protobuf come with TensorFlow. Used by tfopt.export's local check.
-	$(PY) -m pip install --quiet --no-deps 'tensorflow-serving-api>=2.16,<2.22'
+	$(PY) -m pip install --quiet --no-deps 'tensorflow-serving-api>=2.18,<2.22'
 	touch $(STAMP)
 
 demo: $(STAMP)

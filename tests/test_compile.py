@@ -254,3 +254,25 @@ def test_an_unbuilt_sequential_is_built_on_the_first_batch_as_keras_does():
                   verbose=0).history["loss"]
   assert model.built and model.train_function.reports
   np.testing.assert_allclose(got, expected, rtol=1e-6)
+
+
+def test_a_cap_below_one_input_tensor_is_refused_at_compile():
+  def model(batch_size=None):
+    inp = keras.Input((64, 64, 3), batch_size=batch_size, name="image")
+    x = keras.layers.GlobalAveragePooling2D()(inp)
+    return keras.Model(inp, keras.layers.Dense(2)(x))
+
+  # 16 x 64 x 64 x 3 float32 = 786,432 bytes in one tensor, on one device.
+  with pytest.raises(ValueError, match=r"memory_per_device.*image \(16, 64, "
+                     r"64, 3\): 786,432 bytes.*Received: "
+                     r"memory_per_device=500000"):
+    tfopt.compile(model(16), optimizer="adam", loss="mse", placement="m-etf",
+                  devices=["/device:CPU:0"], memory_per_device=500_000)
+  # Batch size unknown: one example (49,152 bytes) is what must fit.
+  with pytest.raises(ValueError, match=r"image \(None, 64, 64, 3\): 49,152"):
+    tfopt.compile(model(), optimizer="adam", loss="mse", placement="m-etf",
+                  devices=["/device:CPU:0"], memory_per_device=40_000)
+  compiled = tfopt.compile(model(), optimizer="adam", loss="mse",
+                           placement="m-etf", devices=["/device:CPU:0"],
+                           memory_per_device=500_000)
+  assert compiled.train_function is not None

@@ -494,6 +494,8 @@ def compile(model, *, fusion: bool = True,  # pylint: disable=redefined-builtin
       not isinstance(memory_per_device, int) or memory_per_device <= 0):
     raise invalid_argument("memory_per_device", "a positive integer (bytes) "
                            "or None", memory_per_device)
+  if placement and memory_per_device is not None:
+    _check_inputs_fit(model, memory_per_device)
   # Keras' own meaning for its functions (evaluate, predict, and train
   # without the hook); the hook's step gets XLA through per-device marks.
   model.compile(jit_compile=jit, **compile_kwargs)
@@ -534,6 +536,34 @@ def _check_model(model, compile_kwargs) -> Any:
                            "scope (tfopt.compile places one replica's step)",
                            f"<strategy {type(model.distribute_strategy).__name__}>")
   return jit
+
+
+def _check_inputs_fit(model, memory_per_device: int) -> None:
+  """Refuses, at compile, a cap below one input tensor of one batch where
+  the model's input shapes say so: each input tensor is one op's output and
+  lives whole on one device. An unknown batch dimension counts as 1 (one
+  example must fit); the first batch of `fit` checks the rest."""
+  import numpy as np  # pylint: disable=g-import-not-at-top
+  try:
+    inputs = list(model.inputs or ())
+  except (AttributeError, ValueError):  # a subclassed or unbuilt model
+    return
+  sizes = []
+  for tensor in inputs:
+    shape = tuple(tensor.shape)
+    if any(d is None for d in shape[1:]):
+      continue
+    batch = shape[0] if shape and shape[0] is not None else 1
+    item = np.dtype(getattr(tensor.dtype, "name", tensor.dtype)).itemsize
+    sizes.append((int(np.prod(shape[1:], dtype=np.int64)) * batch * item,
+                  getattr(tensor, "name", "input"), shape))
+  too_big = [(b, n, sh) for b, n, sh in sizes if b > memory_per_device]
+  if too_big:
+    described = ", ".join(f"{n} {sh}: {b:,} bytes" for b, n, sh in too_big)
+    raise invalid_argument(
+        "memory_per_device", f"at least the bytes of each input tensor of one "
+        f"batch (one example where the batch size is unknown), which lives "
+        f"whole on one device; too small for {described}", memory_per_device)
 
 
 def _check_placement(placement, devices, cluster, pins, calibration, select,

@@ -82,7 +82,9 @@ def test_bad_input(cnn, tmp_path):
 
 def test_without_the_serving_package_the_export_is_written_first(
     cnn, tmp_path, monkeypatch, caplog):
-  from tfopt.export import saved_model as module  # pylint: disable=g-import-not-at-top
+  import importlib  # pylint: disable=g-import-not-at-top
+  # The module (tfopt.export re-exports its function under the same name).
+  module = importlib.import_module("tfopt.export.saved_model")
   monkeypatch.setattr(module, "serving_api_available", lambda: False)
   with caplog.at_level("WARNING", logger="tfopt"):
     report = saved_model(cnn, tmp_path / "auto")   # default: where it exists

@@ -27,7 +27,7 @@ def _serving_api():
   except ImportError as err:
     raise ImportError(
         f"The TF Serving check needs the `tensorflow-serving-api` package: "
-        f"pip install --no-deps 'tensorflow-serving-api>=2.16,<2.22' (no-deps "
+        f"pip install --no-deps 'tensorflow-serving-api>=2.18,<2.22' (no-deps "
         f"keeps tensorflow-cpu). ({err})") from None
   return grpc, predict_pb2, prediction_service_pb2_grpc
 

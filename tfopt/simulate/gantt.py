@@ -1,5 +1,6 @@
 """A Gantt chart of a Schedule: one row per device's compute stream and one
-per device's channel (transfers), as a PNG."""
+per device's channel (transfers), as a PNG, with a legend of the colours
+(a device's ops, and the copies it sends, drawn on both ends' rows)."""
 
 from __future__ import annotations
 
@@ -44,6 +45,22 @@ def draw_gantt(schedule: Schedule, path: str, *, title: str = "",
       ax.broken_barh(bar, (rows[("channel", d)] + 0.25, 0.5),
                      facecolors=colors(t.src_device % 10), alpha=0.6,
                      edgecolor="none")
+  # What the colours mean: a device's colour marks its ops and the copies
+  # it sends; a copy is drawn on both the sender's and the receiver's
+  # "copies" row (each end's channel is busy), lighter than ops.
+  from matplotlib.patches import Patch  # pylint: disable=import-outside-toplevel
+  used = sorted({d for d in schedule.device.values()} |
+                {t.src_device for t in schedule.transfers})
+  handles = [Patch(facecolor=colors(d % 10), label=f"{names[d]}: ops")
+             for d in used]
+  handles += [Patch(facecolor=colors(d % 10), alpha=0.6,
+                    label=f"copies sent by {names[d]}")
+              for d in sorted({t.src_device for t in schedule.transfers})]
+  if handles:
+    ax.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.01, 1.0),
+              fontsize="small", frameon=False,
+              title="colour = device; a copy shows on both ends' rows",
+              title_fontsize="small")
   ticks = sorted(rows.items(), key=lambda kv: kv[1])
   ax.set_yticks([v + 0.5 for _, v in ticks])
   ax.set_yticklabels([f"{names[d]} {'ops' if kind == 'compute' else 'copies'}"
