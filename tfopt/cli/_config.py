@@ -98,3 +98,13 @@ def _script_flags(flag_values: flags.FlagValues) -> list[str]:
       names.update(f.name for f in module_flags)
   names.discard("config")
   return sorted(names)
+
+
+def load_calibration_flag(path: str):
+  """The calibration file a script's --calibration names; a bad file is a
+  usage error naming the flag and the problem."""
+  from tfopt.calibration import CalibrationError, load_calibration  # pylint: disable=g-import-not-at-top
+  try:
+    return load_calibration(path)
+  except (CalibrationError, FileNotFoundError) as err:
+    raise app.UsageError(f"--calibration: {err}") from None

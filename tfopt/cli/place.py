@@ -26,7 +26,8 @@ import sys
 from absl import app, flags
 from tfopt.cli._main import run_main
 
-from tfopt.cli._config import apply_config, define_config_flag
+from tfopt.cli._config import (apply_config, define_config_flag,
+                              load_calibration_flag)
 
 from tfopt import Cluster
 from tfopt._io import atomic_write_text
@@ -54,14 +55,6 @@ flags.DEFINE_bool("json", False, "Print one JSON object.")
 flags.DEFINE_string("out", None, "Write the plan as JSON here.")
 flags.DEFINE_string("gantt", None, "Draw the schedule's Gantt chart (PNG).")
 flags.DEFINE_bool("overwrite", False, "Replace --out / --gantt if they exist.")
-
-
-def _load_calibration(path):
-  from tfopt.calibration import CalibrationError, load_calibration  # pylint: disable=g-import-not-at-top
-  try:
-    return load_calibration(path)
-  except (CalibrationError, FileNotFoundError) as err:
-    raise app.UsageError(f"--calibration: {err}") from None
 
 
 def main(argv):
@@ -92,7 +85,7 @@ def main(argv):
   comm = CommModel.uniform(FLAGS.comm_latency_us, FLAGS.comm_bandwidth_gbps)
   cluster = Cluster.uniform(FLAGS.devices, cap, comm=comm)
   if FLAGS.calibration:
-    calibration = _load_calibration(FLAGS.calibration)
+    calibration = load_calibration_flag(FLAGS.calibration)
     cluster = calibration.applied_to(cluster)
     if not FLAGS.json:
       print(calibration.describe())

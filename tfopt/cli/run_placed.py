@@ -42,7 +42,8 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 from absl import app, flags  # noqa: E402
 from tfopt.cli._main import run_main  # noqa: E402
 
-from tfopt.cli._config import apply_config, define_config_flag  # noqa: E402
+from tfopt.cli._config import (apply_config, define_config_flag,
+                              load_calibration_flag)  # noqa: E402
 
 from tfopt import zoo  # noqa: E402
 from tfopt.placement import PLACERS  # noqa: E402
@@ -147,7 +148,7 @@ def _placed(step, batches, costs):
   cap = int(total * FLAGS.memory_fraction)
   cluster = local_cluster(FLAGS.devices, cap)
   if FLAGS.calibration:
-    calibration = _load_calibration(FLAGS.calibration)
+    calibration = load_calibration_flag(FLAGS.calibration)
     cluster = calibration.applied_to(cluster)
     print(calibration.describe())
   ctx = PassContext.for_step(step, costs=costs, cluster=cluster,
@@ -272,14 +273,6 @@ def _write_outputs(outputs, model, step, plan, ran) -> None:
                               overwrite=FLAGS.overwrite)
   print(report.summary())
   print(f"wrote {', '.join(outputs.values())}")
-
-
-def _load_calibration(path):
-  from tfopt.calibration import CalibrationError, load_calibration  # pylint: disable=g-import-not-at-top
-  try:
-    return load_calibration(path)
-  except (CalibrationError, FileNotFoundError) as err:
-    raise app.UsageError(f"--calibration: {err}") from None
 
 
 def _unplaced(graph_def):
