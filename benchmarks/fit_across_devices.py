@@ -12,9 +12,11 @@ own memory) -- at caps of 1.0, 0.5 and 0.3 of the step's one-device
 liveness peak (the simulator's, analytic costs). Each configuration runs in
 its own process (tfopt/cli/_across.py) against plain Keras in one
 uncapped process on the same data; "losses equal" is rtol 1e-5 on every
-epoch. Measured peaks: TensorFlow's allocation records per logical device;
-each server's cgroup peak over the whole fit (profiling and the check
-included). Prints the table and writes
+epoch. Measured peaks: TensorFlow's allocation records per device (on
+server processes, the step stats each task sends back), compared with the
+prediction; on server processes also each server's cgroup peak over the
+whole fit (profiling and the check included), the runtime's own memory
+with it: what an OS cap must hold. Prints the table and writes
 benchmarks/results/fit_across_devices.json.
 """
 
@@ -67,6 +69,8 @@ def _row(name, kind, devices, fraction, r):
       predicted_peak_mb=[p / 1e6 for p in r["predicted_peaks"]],
       measured_peak_mb=[p / 1e6 for p in r["measured_peaks"]],
       measured_by=r["measured_by"],
+      os_peak_mb=([p / 1e6 for p in r["os_peaks"]] if "os_peaks" in r
+                  else None),
       peak_ratio=max(r["measured_peaks"]) / max(r["predicted_peaks"]),
       predicted_step_ms=r["predicted_step_s"] * 1e3,
       step_ms=r["step_s"] * 1e3, plain_step_ms=r["plain_step_s"] * 1e3,
@@ -80,7 +84,7 @@ def _row(name, kind, devices, fraction, r):
 def _print(rows):
   head = (f"{'model':<15}{'kind':<10}{'dev':>4}{'cap':>5}{'cap MB':>8}"
           f"{'ok':>4}{'placer':>10}{'place s':>8}{'pred MB':>9}{'meas MB':>9}"
-          f"{'meas/pred':>10}{'pred ms':>9}{'meas ms':>9}{'plain ms':>9}"
+          f"{'meas/pred':>10}{'OS MB':>8}{'pred ms':>9}{'meas ms':>9}{'plain ms':>9}"
           f"  params %")
   print(head)
   for r in rows:
@@ -95,6 +99,7 @@ def _print(rows):
           f"{r['placer']:>10}{r['placement_s']:>8.2f}"
           f"{max(r['predicted_peak_mb']):>9.1f}"
           f"{max(r['measured_peak_mb']):>9.1f}{r['peak_ratio']:>10.2f}"
+          f"{max(r['os_peak_mb']) if r.get('os_peak_mb') else 0:>8.1f}"
           f"{r['predicted_step_ms']:>9.1f}{r['step_ms']:>9.1f}"
           f"{r['plain_step_ms']:>9.1f}  {shares}", flush=True)
 

@@ -53,7 +53,7 @@ def machine_fingerprint() -> dict[str, Any]:
         if line.startswith("model name"):
           model = line.split(":", 1)[1].strip()
           break
-  except OSError:
+  except OSError:  # no /proc (macOS, Windows): platform's name stands
     pass
   cores = (len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity")
            else os.cpu_count())
@@ -118,7 +118,9 @@ class Calibration:
   # -- What it means for a cluster --
 
   def comm(self) -> CommModel:
-    return CommModel(self.link, control_messages=self.control_messages)
+    # Logical CPUs of one process hand tensors over without a copy.
+    return CommModel(self.link, control_messages=self.control_messages,
+                     shared_buffers=self.kind == "logical")
 
   def sharing(self, num_devices: int) -> ComputeSharing:
     """Which of `num_devices` devices of this kind share cores."""

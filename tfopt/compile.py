@@ -78,6 +78,7 @@ class HookReport:
   # where the costs came from, and how many of them were measured.
   variable_bytes: dict = dataclasses.field(default_factory=dict)
   costs_source: str = ""
+  costs_unmeasured: str = ""  # CostModel.describe_unmeasured()
   profiled_ops: int = 0
   costed_ops: int = 0
   cluster_source: str = ""  # the calibration used, or the default model
@@ -99,6 +100,8 @@ class HookReport:
                    f"devices: {shares}")
       lines.append(f"costs: {self.profiled_ops} of {self.costed_ops} ops "
                    f"measured, the rest estimated; {self.costs_source}")
+      if self.costs_unmeasured:
+        lines.append(f"  {self.costs_unmeasured}")
       lines.append(f"cluster: {self.cluster_source}")
       if self.selection:
         lines.append(self.selection)
@@ -279,6 +282,8 @@ class _OptimizedTrainFunction:
     summary = placement_summary(plan, graph, step.variables)
     report.variable_bytes = summary["variable_bytes"]
     report.costs_source = getattr(costs, "source", "")
+    describe = getattr(costs, "describe_unmeasured", None)
+    report.costs_unmeasured = describe() if describe else ""
     report.profiled_ops = sum(1 for c in costs.values() if c.profiled)
     report.costed_ops = len(costs)
     report.cluster_source = (
@@ -288,13 +293,19 @@ class _OptimizedTrainFunction:
 
   def _cluster(self):
     """The devices as a Cluster; each device's type from its string (a
-    placer keeps CPU-only ops off GPUs)."""
+    placer keeps CPU-only ops off GPUs). CPU devices of this process hand
+    tensors over without a copy (CommModel.shared_buffers)."""
     import tensorflow as tf  # pylint: disable=g-import-not-at-top
     from tfopt.cluster import Cluster, Device  # pylint: disable=g-import-not-at-top
-    cluster = Cluster(tuple(
+    from tfopt.cost.comm import CommModel  # pylint: disable=g-import-not-at-top
+    from tfopt.runtime.remote import is_remote  # pylint: disable=g-import-not-at-top
+    devices = tuple(
         Device(d, (tf.DeviceSpec.from_string(d).device_type or
                    "CPU").upper(), self.memory_per_device)
-        for d in self.devices))
+        for d in self.devices)
+    in_process_cpus = all(d.device_type == "CPU" and not is_remote(d.name)
+                          for d in devices)
+    cluster = Cluster(devices, CommModel(shared_buffers=in_process_cpus))
     if self.calibration is not None:
       cluster = self.calibration.applied_to(cluster)
     return cluster

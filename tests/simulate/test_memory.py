@@ -109,6 +109,39 @@ def test_a_view_of_a_received_copy_keeps_the_copy():
   assert s.peak_bytes == (100, 101)
 
 
+def test_a_handed_over_buffer_stays_on_the_sender():
+  # CPU devices of one process: TensorFlow hands a's buffer to device 1
+  # without a copy. a (100 B, t 0-1) on device 0, read there by b (t 1-2,
+  # 10 B) and on device 1 by c (1 B) after the transfer (t 1-11 at 10 us
+  # latency; 100 B at 1 GB/s adds 0.1 us): a stays on device 0 until c ran
+  # (t 11.1-12.1), so device 0 holds a + b = 110, device 1 only c's output.
+  g = OpGraph([Op("a", "X", output_bytes=(100,)),
+               Op("b", "X", output_bytes=(10,)),
+               Op("c", "X", output_bytes=(1,))],
+              [Edge("a", "b", 0, 0, 100), Edge("a", "c", 0, 0, 100)])
+  plan = Placement({"a": 0, "b": 0, "c": 1}, 2)
+  costs = {n: 1.0 for n in "abc"}
+  copied = simulate(g, plan, costs, Cluster.uniform(2, comm=COMM))
+  assert copied.peak_bytes == (110, 101)
+  shared = simulate(g, plan, costs, Cluster.uniform(
+      2, comm=CommModel.uniform(10.0, 1.0, shared_buffers=True)))
+  assert shared.peak_bytes == (110, 1)
+  # And it is held there while c runs: with b taking 14 us (t 1-15), d
+  # (50 B, t 15-16) after it and c taking 10 us (t 11.1-21.1), a copied is
+  # freed at t 15 (b's end; its transfer ended at 11.1), so d's time holds
+  # b + d = 60 and the peak is a + b = 110; a handed over lives until
+  # t 21.1: a + b + d = 160 on device 0.
+  g2 = OpGraph(list(g.ops) + [Op("d", "X", output_bytes=(50,))],
+               list(g.edges) + [Edge("b", "d", 0, 0, 10)])
+  plan2 = Placement({"a": 0, "b": 0, "c": 1, "d": 0}, 2)
+  costs2 = {"a": 1.0, "b": 14.0, "c": 10.0, "d": 1.0}
+  assert simulate(g2, plan2, costs2, Cluster.uniform(2, comm=COMM)
+                  ).peak_bytes == (110, 101)
+  assert simulate(g2, plan2, costs2, Cluster.uniform(
+      2, comm=CommModel.uniform(10.0, 1.0, shared_buffers=True))
+                  ).peak_bytes == (160, 1)
+
+
 @pytest.mark.parametrize("op_type", ["Identity", "Reshape", "StopGradient",
                                      "ExpandDims", "Squeeze"])
 def test_view_types(op_type):

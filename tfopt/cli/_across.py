@@ -176,14 +176,16 @@ def _placed(out, model, x, y, spec, devices, servers):
   out["variable_bytes"] = report.variable_bytes
   out["devices"] = list(devices)
   out["profiled"] = f"{report.profiled_ops} of {report.costed_ops}"
-  if servers is None:
-    out["measured_peaks"] = _measured_logical(model, x, y, spec,
-                                              hook.graph_defs[key], devices)
-    out["measured_by"] = "TensorFlow's allocation records per device"
-  else:
-    out["measured_peaks"] = servers.peak_bytes()
-    out["measured_by"] = ("each server's memory cgroup peak over the whole "
-                          "fit (profiling and check sessions included)")
+  if servers is not None:  # before the measuring session adds its own
+    out["os_peaks"] = servers.peak_bytes()
+  out["measured_peaks"] = _measured_allocations(
+      model, x, y, spec, hook.graph_defs[key], devices,
+      "" if servers is None else servers.target)
+  out["measured_by"] = "TensorFlow's allocation records per device"
+  if servers is not None:
+    out["os_measured_by"] = ("each server's memory cgroup peak over the "
+                             "whole fit (profiling and check sessions "
+                             "included)")
     out["exited"] = servers.exited()
   return out
 
@@ -195,15 +197,19 @@ def _place_seconds(report) -> float | None:
   return None
 
 
-def _measured_logical(model, x, y, spec, graph_def, devices) -> list[int]:
-  """Each logical device's peak while the placed step runs, from TF."""
+def _measured_allocations(model, x, y, spec, graph_def, devices,
+                          target: str) -> list[int]:
+  """Each device's peak while the placed step runs, from TensorFlow's
+  allocation records (on server processes: through a session on
+  `target`, the step stats every task sends back)."""
   from tfopt.graph.capture import capture_train_step  # pylint: disable=g-import-not-at-top
   from tfopt.runtime.memory import measure_peak_bytes  # pylint: disable=g-import-not-at-top
   bs = spec["batch_size"]
   step = capture_train_step(model, x=x[:bs], y=y[:bs])
-  full = [f"/job:localhost/replica:0/task:0{d}" for d in devices]
+  full = devices if target else [
+      f"/job:localhost/replica:0/task:0{d}" for d in devices]
   return list(measure_peak_bytes(step, [x[:bs], y[:bs]], graph_def=graph_def,
-                                 devices=full).peak_bytes)
+                                 devices=full, target=target).peak_bytes)
 
 
 def run_in_subprocess(spec: dict, timeout_s: float = 1800) -> dict:

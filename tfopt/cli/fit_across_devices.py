@@ -8,8 +8,9 @@ Three parts, each in its own process, against plain Keras in one uncapped
 process on the same data: `logical` (the model placed on --devices logical
 CPUs of --cap_mib each; measured per device from TensorFlow's allocation
 records), `processes` (on --devices server processes, each under an OS
-memory cap of --server_limit_mib: a memory cgroup; measured as each
-server's cgroup peak) and `refused` (the same model on one device of the
+memory cap of --server_limit_mib: a memory cgroup; measured from the
+allocation records each task sends back, and as each server's cgroup
+peak, the runtime's own memory included) and `refused` (the same model on one device of the
 cap: refused before training, naming the bytes needed, the cap and the
 fewest devices that hold it). Prints the loss trajectories, predicted
 beside measured peaks per device, the share of the parameters each device
@@ -84,15 +85,20 @@ def report(result: dict) -> str:
   lines.append(f"placer {result['placer']} ({result['placement_s']:.1f} s), "
                f"costs measured for {result['profiled']} ops; measured: "
                f"{result['measured_by']}")
+  os_peaks = result.get("os_peaks")
   lines.append(f"{'device':<40}{'params %':>9}{'predicted MB':>14}"
-               f"{'measured MB':>13}")
+               f"{'measured MB':>13}"
+               + (f"{'process peak MB':>17}" if os_peaks else ""))
   for i, device in enumerate(result["devices"]):
     share = sum(b for d, b in result["variable_bytes"].items()
                 if d.endswith(device.split("/")[-1]) and (
                     "job:" not in device or device.split("/device")[0] in d))
     lines.append(f"{device:<40}{100 * share / total:>9.0f}"
                  f"{_mb(result['predicted_peaks'][i]):>14}"
-                 f"{_mb(result['measured_peaks'][i]):>13}")
+                 f"{_mb(result['measured_peaks'][i]):>13}"
+                 + (f"{_mb(os_peaks[i]):>17}" if os_peaks else ""))
+  if os_peaks:
+    lines.append(f"process peak: {result['os_measured_by']}")
   lines.append(f"step: measured {result['step_s'] * 1e3:.1f} ms, predicted "
                f"{result['predicted_step_s'] * 1e3:.1f} ms; plain Keras on "
                f"one uncapped device {result['plain_step_s'] * 1e3:.1f} ms")

@@ -85,6 +85,12 @@ class Link:
 class CommModel:
   """A default link plus optional per-pair overrides keyed (src, dst) index.
 
+  `shared_buffers`: a transfer hands the sender's buffer over instead of
+  copying it, as TensorFlow's in-process rendezvous does between CPU
+  devices of one process (logical CPUs): the bytes stay charged to the
+  sender's device until the last reader on any device finished, and the
+  receiver is charged nothing. The transfer still takes its link time.
+
   >>> CommModel().transfer_us(5_700_000)   # 134 us + 1000 us
   1134.0
   >>> CommModel().transfer_us(100, 0, 0)   # same device: free
@@ -94,6 +100,7 @@ class CommModel:
   pairs: Mapping[tuple[int, int], Link] = dataclasses.field(
       default_factory=dict)
   control_messages: bool = False
+  shared_buffers: bool = False
 
   def link(self, src: int, dst: int) -> Link:
     return self.pairs.get((src, dst), self.default)
@@ -109,9 +116,11 @@ class CommModel:
   def uniform(cls, latency_us: float = PCIE_LATENCY_US,
               bandwidth_gbps: float = PCIE_BANDWIDTH_GBPS, *,
               overhead_us: float | None = None,
-              control_messages: bool = False) -> "CommModel":
+              control_messages: bool = False,
+              shared_buffers: bool = False) -> "CommModel":
     return cls(Link(latency_us, bandwidth_gbps, overhead_us),
-               control_messages=control_messages)
+               control_messages=control_messages,
+               shared_buffers=shared_buffers)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -34,7 +34,10 @@ Memory model (liveness, training-aware):
     completed (an activation therefore stays live until its backward consumer
     ran); an output nobody consumes is freed when its op ends;
   * a received copy is charged to the receiver from the transfer's start until
-    its last consumer there has finished;
+    its last consumer there has finished -- unless the CommModel hands
+    buffers over (`shared_buffers`: CPU devices of one process), where the
+    sender's buffer stays charged to the sender until the receiver's last
+    consumer finished;
   * outputs that allocate nothing are not charged again, as TensorFlow's
     runtime does (`tfopt.graph.aliasing`): a view (Identity, IdentityN,
     Reshape, ...) shares its input's buffer and keeps it live until the
@@ -142,7 +145,7 @@ def simulate(graph: OpGraph, placement: Placement | Mapping[str, int], costs,
   if transfers:
     makespan = max(makespan, max(t.end_us for t in transfers))
   peaks = _peak_memory(graph, timeline.device, op_cost, start, end,
-                       transfers, len(cluster))
+                       transfers, len(cluster), cluster.comm.shared_buffers)
   return Schedule(timeline.device, start, end, tuple(transfers), makespan,
                   peaks, cluster.memory_caps)
 
@@ -321,9 +324,10 @@ class _Timeline:
 
 
 def _peak_memory(graph, device, op_cost, start, end,
-                 transfers: Sequence[Transfer], num_devices) -> tuple[int, ...]:
+                 transfers: Sequence[Transfer], num_devices,
+                 shared_buffers: bool = False) -> tuple[int, ...]:
   """Liveness peak per device from a finished timeline (see module doc)."""
-  buffers = _Buffers(graph, device, start, end, transfers)
+  buffers = _Buffers(graph, device, start, end, transfers, shared_buffers)
   deltas: list[list[tuple[float, int]]] = [[] for _ in range(num_devices)]
   for op in graph.ops:
     name, d, c = op.name, device[op.name], op_cost[op.name]
@@ -370,9 +374,14 @@ class _Buffers:
   reader finished before it started (see `tfopt.graph.aliasing`); fed
   inputs are never taken over (the caller holds them). A buffer is freed
   once every location in it has been read and sent for the last time.
+
+  With `shared_buffers` (CommModel.shared_buffers) a received copy is no
+  buffer of its own: it joins the sender's, which stays on the sender's
+  device until the copy's readers finished too.
   """
 
-  def __init__(self, graph, device, start, end, transfers):
+  def __init__(self, graph, device, start, end, transfers,
+               shared_buffers: bool = False):
     self.graph, self.device, self.start, self.end = graph, device, start, end
     self.readers: dict[tuple, list[str]] = {}
     for e in graph.edges:
@@ -383,16 +392,26 @@ class _Buffers:
     self.sent_until: dict[tuple, float] = {}
     self.of: dict[tuple, _Buffer | None] = {}
     self._buffers: list[_Buffer] = []
+    # (op, port) -> copies that share the sender's buffer.
+    self.handed_over: dict[tuple[str, int], list[tuple]] = {}
     for t in transfers:
       if t.src_output == CONTROL:  # a message: no tensor is held
         continue
       loc = ("out", t.src_op, t.src_output)
       self.sent_until[loc] = max(self.sent_until.get(loc, 0.0), t.end_us)
-      self._join(("copy", t.src_op, t.src_output, t.dst_device),
-                 self._new(t.dst_device, t.bytes, t.start_us))
+      copy = ("copy", t.src_op, t.src_output, t.dst_device)
+      if shared_buffers:
+        self.handed_over.setdefault(loc[1:], []).append(copy)
+      else:
+        self._join(copy, self._new(t.dst_device, t.bytes, t.start_us))
     topo = {name: i for i, name in enumerate(topological_order(graph))}
+    # In start order, so a sender's buffers exist before its copies' readers
+    # (a transfer starts after its sender did) look them up.
     for name in sorted(start, key=lambda n: (start[n], topo[n])):
       self._place_outputs(graph[name])
+      for port in range(len(graph[name].output_bytes)):
+        for copy in self.handed_over.get((name, port), ()):
+          self._join(copy, self.of.get(("out", name, port)))
     for buf in self._buffers:
       buf.free_us = max(self._last_use(loc) for loc in buf.locations)
 
