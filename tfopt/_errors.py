@@ -18,6 +18,11 @@ class CostGraphFormatError(ValueError):
   """A `tfopt.costgraph/1` document does not follow the format."""
 
 
+class TfoptWarning(UserWarning):
+  """What tfopt warns a user about (its own category, so tests and users
+  can filter or raise tfopt's warnings apart from other libraries')."""
+
+
 def _short_repr(value: Any, limit: int = 200) -> str:
   text = repr(value)
   return text if len(text) <= limit else text[: limit - 3] + "..."

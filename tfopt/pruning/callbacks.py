@@ -14,7 +14,7 @@ import keras
 import numpy as np
 from keras import ops
 
-from tfopt._errors import check_non_negative, invalid_argument
+from tfopt._errors import TfoptWarning, check_non_negative, invalid_argument
 from tfopt.pruning.adapters import adapter_for, find_moe_layers
 from tfopt.pruning.engine import prune_moe
 from tfopt.pruning.masks import install_masks, installed_masks
@@ -195,7 +195,7 @@ class ExpertDistiller(keras.callbacks.Callback):
       self.lambda_value = 0.0
       warnings.warn("ExpertDistiller: the student's experts equal the "
                     "teacher's on the first batch (0 % sparsity?); "
-                    "lambda is set to 0.", stacklevel=2)
+                    "lambda is set to 0.", TfoptWarning, stacklevel=2)
     self.lam.assign(self.lambda_value)
 
   def on_train_end(self, logs=None):

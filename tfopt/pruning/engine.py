@@ -22,7 +22,7 @@ import warnings
 import numpy as np
 from keras import ops
 
-from tfopt._errors import check_positive_int, invalid_argument
+from tfopt._errors import TfoptWarning, check_positive_int, invalid_argument
 from tfopt.pruning import methods as methods_lib
 from tfopt.pruning.adapters import (HIDDEN, INPUT, DenseAdapter, adapter_for,
                                     find_moe_layers)
@@ -116,7 +116,7 @@ def _ordered(model, batch, layers) -> list:
   missing = [l.name for l in layers if not capture.of(l)]
   if missing:
     warnings.warn(f"MoE layers {missing} are not called by the model's "
-                  "forward pass; they are not pruned.", stacklevel=3)
+                  "forward pass; they are not pruned.", TfoptWarning, stacklevel=3)
   return capture.order
 
 
@@ -213,14 +213,14 @@ def prune_moe(model, data, method: str = "moe_pruner", sparsity=None,
           msg = (f"MoE layer '{layer.name}': experts {starved} received no "
                  f"calibration token; they are pruned by magnitude.")
           caught.append(msg)
-          warnings.warn(msg, stacklevel=2)
+          warnings.warn(msg, TfoptWarning, stacklevel=2)
         if few:
           msg = (f"MoE layer '{layer.name}': experts {few} received fewer "
                  f"than min_tokens={min_tokens} calibration tokens "
                  f"({stats.tokens[few].tolist()}); their statistics are "
                  "noisy.")
           caught.append(msg)
-          warnings.warn(msg, stacklevel=2)
+          warnings.warn(msg, TfoptWarning, stacklevel=2)
       for k in stage_kernels:
         var = k.variable
         old = ops.convert_to_numpy(var)
