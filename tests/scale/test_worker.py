@@ -158,3 +158,17 @@ def test_end_of_run_report_once_after_the_last_segment(tmp_path):
   # not a stuck step, however long the drawing takes.
   assert beat is not None and beat["phase"] == "done"
   assert report.final_segment
+
+
+def test_a_stop_step_that_cannot_be_shared_is_logged(tmp_path, caplog):
+  # The control file's directory is gone: the worker still stops at its
+  # step, and says that its peers were not told (it used to pass silently).
+  env = worker.WorkerEnv(worker=1, workers=2, run_dir=str(tmp_path / "gone"))
+  preemption = worker._Preemption(env)  # pylint: disable=protected-access
+  preemption.signalled = True
+  with caplog.at_level("WARNING", logger="tfopt"):
+    assert not preemption.check(5)
+  assert preemption.stop_at == 7
+  assert preemption.check(7)
+  assert any("could not tell its peers to stop at step 7" in r.getMessage()
+             for r in caplog.records)

@@ -102,6 +102,9 @@ def op_flops(graph: OpGraph, name: str) -> int:
     if op.type == "Einsum" and "equation" in op.attrs and all(ins):
       return _einsum_flops(op.attrs["equation"], ins)
   except (IndexError, TypeError):
+    # A shape with unknown dimensions (None) or fewer of them than the op
+    # type implies (a malformed capture): no FLOP formula applies, so the
+    # op is costed like an element-wise one below, as unknown op types are.
     pass
   return sum(_elements(s) for s in op.output_shapes)
 

@@ -27,6 +27,7 @@ import os
 import re
 import threading
 import time
+import zipfile
 
 import numpy as np
 
@@ -287,8 +288,10 @@ def _load(path: str):
     with np.load(io.BytesIO(data), allow_pickle=False) as npz:
       arrays = {k: npz[k] for k in npz.files}
     meta = json.loads(arrays.pop("__meta__").tobytes().decode())
-  except Exception:  # pylint: disable=broad-except
-    return None      # truncated or not a checkpoint: try the previous one
+  except (OSError, EOFError, ValueError, KeyError, zipfile.BadZipFile):
+    # Unreadable, truncated (a crash mid-write), not an npz or without its
+    # meta record: not a whole checkpoint, the caller tries the previous.
+    return None
   if meta.get("format") != FORMAT or meta.get("sha256") != _digest(arrays):
     return None
   return arrays, meta

@@ -374,7 +374,7 @@ class _Attempt:
           try:
             os.killpg(p.pid, sig)
           except (ProcessLookupError, PermissionError):
-            pass
+            pass  # the group exited between poll() and the signal
     for p in self.procs:
       p.wait()
     return time.time() - start

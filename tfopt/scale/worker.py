@@ -139,8 +139,14 @@ class _Preemption:
                        "reason": self.reason})
     try:
       atomic_write_text(self._path, text, overwrite=True)
-    except (OSError, FileExistsError):
-      pass
+    except (OSError, ValueError) as err:  # ValueError: its directory is gone
+      # This worker still stops at `stop_at` (it checkpoints first); its
+      # peers, who read the file, stop at their next checkpoint instead.
+      import logging  # pylint: disable=import-outside-toplevel
+      logging.getLogger("tfopt").warning(
+          "worker %s could not tell its peers to stop at step %d (%s: %s); "
+          "they stop at their next checkpoint", self.env.worker, stop_at,
+          self._path, err)
 
 
 class _Progress(keras.callbacks.Callback):
