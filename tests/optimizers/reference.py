@@ -94,7 +94,11 @@ class MuonRef:
       if self.scale_mode == "rms":
         u = u * self.rms_rate * np.sqrt(max(rows, cols))
       elif self.scale_mode == "keller":
-        u = u * np.sqrt(max(1.0, rows / cols))
+        # As Keller Jordan's Muon writes it for a PyTorch weight (out, in):
+        # update *= max(1, W.size(-2) / W.size(-1)) ** 0.5. A Keras kernel
+        # is (in, out): its PyTorch twin is the transpose.
+        torch_weight = u.T
+        u = u * max(1.0, torch_weight.shape[-2] / torch_weight.shape[-1]) ** 0.5
       step = self.lr * u.reshape(x.shape)
       out.append(cwd_apply(x, step, self.lr, self.wd, self.cautious)[0])
     self.adam.t += 1

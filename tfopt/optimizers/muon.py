@@ -37,8 +37,8 @@ class CautiousMuon(CautiousDecayMixin, keras.optimizers.Muon):
     routing: "tfopt" (default; 3-D attention kernels reshaped to matrices,
       biases and norms to AdamW) or "keras" (Keras' rule: 2-D <=> Muon).
     scale_mode: "rms" (Moonlight, rms_rate * sqrt(max(rows, cols)), the
-      default and Keras' behaviour), "keller" (sqrt(max(1, rows / cols))) or
-      "none".
+      default and Keras' behaviour), "keller" (Keller Jordan's,
+      sqrt(max(1, fan_out / fan_in))) or "none".
     muon_conv_kernels: route 4-D conv kernels to Muon as
       (kh * kw * c_in, c_out) matrices (default False: AdamW).
     cautious_weight_decay, decay_exclude_patterns, track_decay_fraction: see

@@ -63,18 +63,23 @@ def scale_factors(rows: int, cols: int, scale_mode: str,
   * "rms" (Moonlight): sqrt(max(rows, cols)) then rms_rate, which gives the
     update the RMS of an AdamW update, so AdamW's lr and wd carry over. Two
     factors, applied one after the other as Keras does.
-  * "keller" (Keller Jordan's Muon): sqrt(max(1, rows / cols)).
+  * "keller" (Keller Jordan's Muon): sqrt(max(1, fan_out / fan_in)). His
+    PyTorch weights are (out, in) and scale by sqrt(max(1, size(-2) /
+    size(-1))); a Keras kernel is (in, out) -- `rows` is fan-in, `cols`
+    fan-out -- so here sqrt(max(1, cols / rows)).
   * "none": no scaling.
 
   >>> scale_factors(64, 16, "rms")
   (8.0, 0.2)
-  >>> scale_factors(64, 16, "keller")
+  >>> scale_factors(16, 64, "keller")    # 16 inputs, 64 outputs
   (2.0,)
+  >>> scale_factors(64, 16, "keller")    # more inputs than outputs
+  (1.0,)
   >>> scale_factors(64, 16, "none")
   ()
   """
   if scale_mode == "rms":
     return (math.sqrt(max(rows, cols)), rms_rate)
   if scale_mode == "keller":
-    return (math.sqrt(max(1.0, rows / cols)),)
+    return (math.sqrt(max(1.0, cols / rows)),)
   return ()
