@@ -105,3 +105,27 @@ print(r.status, r.placement["b"] != r.placement["c"])
                         capture_output=True, text=True, timeout=300)
   assert done.returncode == 0, done.stderr[-2000:]
   assert done.stdout.split()[-2:] == ["OPTIMAL", "True"]
+
+
+def test_a_crashed_solver_process_is_a_failed_candidate(monkeypatch):
+  # The solver's child process dies (here: it cannot import tfopt). The
+  # portfolio keeps its other plans and names the crash; only a request for
+  # the exact placer alone surfaces the error.
+  import importlib
+  from tfopt import _native
+  # (tfopt.placement.exact the attribute is the function.)
+  exact_module = importlib.import_module("tfopt.placement.exact")
+  monkeypatch.setattr(_native, "TENSORFLOW_LOADED_FIRST", True)
+  monkeypatch.setattr(exact_module, "_child_env",
+                      lambda: {"PYTHONPATH": "/nonexistent", "PATH": "/bin",
+                               "PYTHONNOUSERSITE": "1", "PYTHONSAFEPATH": "1",
+                               "PYTHONHOME": "/nonexistent"})
+  g, costs = layered_dag(20, seed=0, mean_width=3)
+  cluster = Cluster.uniform(3, int(total_memory(g, costs) * 0.6))
+  result = place(g, cluster, costs)
+  by_name = {c.placer: c for c in result.candidates}
+  assert not by_name["exact"].feasible
+  assert "solver process failed (exit" in by_name["exact"].error
+  assert result.schedule.feasible and result.placer != "exact"
+  with pytest.raises(exact_module.ExactSolverError, match="exit"):
+    exact(make_problem(g, cluster, costs))

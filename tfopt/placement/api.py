@@ -375,7 +375,9 @@ def _exact_attempt(problem: PlacementProblem, hint: Candidate | None,
         problem, hint=None if hint is None else hint.placement,
         hint_starts=None if hint is None else hint.schedule.start_us,
         deterministic_time=deterministic_time)
-  except (InfeasiblePlacement, ValueError) as err:
+  except (InfeasiblePlacement, ValueError,
+          exact_placer.ExactSolverError) as err:
+    # A crashed solver costs this candidate, not the portfolio.
     return Candidate("exact", time.perf_counter() - start, error=str(err))
   seconds = time.perf_counter() - start
   schedule = simulate(problem.graph, result.placement, problem.costs,

@@ -52,6 +52,11 @@ class ExactResult:
     return max(0.0, (self.objective_us - self.bound_us) / self.objective_us)
 
 
+class ExactSolverError(RuntimeError):
+  """The solver's child process died or answered nothing readable (the
+  message has its exit code and the end of its stderr)."""
+
+
 def exact(problem: PlacementProblem, *, hint: Placement | None = None,
           hint_starts: Mapping[str, float] | None = None,
           deterministic_time: float = 10.0, seed: int = 0) -> ExactResult:
@@ -61,6 +66,7 @@ def exact(problem: PlacementProblem, *, hint: Placement | None = None,
     ValueError: the graph has more than MAX_OPS ops (coarsen it first).
     InfeasiblePlacement: the model is proven infeasible, or no plan was
       found within the deterministic time limit.
+    ExactSolverError: the solver's child process crashed.
   """
   if len(problem.order) > MAX_OPS:
     raise ValueError(
@@ -241,9 +247,14 @@ def _solve_in_child(data: dict) -> dict:
       input=json.dumps(data), capture_output=True, text=True, check=False,
       env=_child_env())
   if done.returncode != 0:
-    raise RuntimeError(f"The exact placer's solver process failed "
-                       f"(exit {done.returncode}): {done.stderr[-2000:]}")
-  return json.loads(done.stdout)
+    raise ExactSolverError(f"The exact placer's solver process failed "
+                           f"(exit {done.returncode}): "
+                           f"{done.stderr[-2000:]}")
+  try:
+    return json.loads(done.stdout)
+  except ValueError:
+    raise ExactSolverError(f"The exact placer's solver process answered "
+                           f"no plan: {done.stdout[-500:]!r}") from None
 
 
 def _child_env() -> dict:
