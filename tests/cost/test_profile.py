@@ -172,7 +172,9 @@ with StepSession(step, config=session_config(inter_op_threads=1)) as s:
 convs = [op.name for op in step.graph.ops if op.type == "Conv2D"]
 print(json.dumps({"total": costs.total_compute_us(),
                   "wall": statistics.median(walls),
-                  "convs_profiled": [costs[c].profiled for c in convs]}))
+                  "convs_profiled": [costs[c].profiled for c in convs],
+                  "notes": dict(costs.notes),
+                  "unmeasured": costs.describe_unmeasured()}))
 """
 
 
@@ -194,3 +196,43 @@ def test_ops_the_runtime_fuses_are_not_counted_twice():
   # Measured here: 0.6-0.85 of the wall time; before the fix about 1.5.
   assert result["total"] <= 1.3 * result["wall"], result
   assert result["convs_profiled"] == [True, True]
+  # Each conv is named as fused into the node that ran it (measured there),
+  # and the fused ops are the report's, not hidden among the measured.
+  notes = result["notes"]
+  convs = [n for n in notes if n.endswith("/convolution")]
+  assert len(convs) == 2 and all(
+      notes[c].startswith("fused by the runtime into ") for c in convs), notes
+  assert "fused by the runtime" in result["unmeasured"]
+
+
+def test_an_op_missing_from_the_profile_is_flagged_unless_fused():
+  # x (fed) -> conv -> bias -> relu; d -> e. The runtime ran bias as a fused
+  # kernel (conv's time measured there), relu and d every step, e in no
+  # step, and reported nothing for conv: conv is fused (0 us, measured), e
+  # is estimated and flagged, with the reason (it used to be 0 us,
+  # "profiled").
+  from tfopt.cost import profile as prof
+  from tfopt.graph import Edge, Op, OpGraph
+  g = OpGraph([Op("x", "Placeholder", output_bytes=(64,)),
+               Op("conv", "Conv2D", output_bytes=(64,)),
+               Op("bias", "BiasAdd", output_bytes=(64,)),
+               Op("relu", "Relu", output_bytes=(64,)),
+               Op("d", "X", output_bytes=(8,)),
+               Op("e", "Neg", output_bytes=(8,))],
+              [Edge("x", "conv", 0, 0, 64), Edge("conv", "bias", 0, 0, 64),
+               Edge("bias", "relu", 0, 0, 64), Edge("d", "e", 0, 0, 8)])
+  samples = prof._Samples(  # pylint: disable=protected-access
+      times={"bias": [5.0, 7.0], "relu": [1.0, 1.0], "d": [2.0, 2.0]},
+      temps={"bias": [0, 0], "relu": [0, 0], "d": [0, 0]},
+      persistent={"bias": 0, "relu": 0, "d": 0},
+      ran={"bias": "_MklNativeFusedConv2D", "relu": "Relu", "d": "X"})
+  costs, notes = prof._costs_from(  # pylint: disable=protected-access
+      g, samples, 2, {"x"}, prof.analytic.CPU)
+  assert costs["bias"].compute_us == 6.0 and costs["bias"].profiled
+  assert costs["conv"].compute_us == 0.0 and costs["conv"].profiled
+  assert notes["conv"] == ("fused by the runtime into bias "
+                           "(_MklNativeFusedConv2D), measured there")
+  assert not costs["e"].profiled and costs["e"].compute_us > 0
+  assert "absent from the runtime's graphs" in notes["e"]
+  assert not costs["x"].profiled and "fed" in notes["x"]
+  assert set(notes) == {"conv", "e", "x"}

@@ -46,9 +46,12 @@ class CostModel(Mapping[str, OpCost]):
   (5.0, 8)
   """
 
-  __slots__ = ("_costs", "source")
+  __slots__ = ("_costs", "source", "notes")
 
-  def __init__(self, costs: Mapping[str, OpCost], *, source: str = ""):
+  def __init__(self, costs: Mapping[str, OpCost], *, source: str = "",
+               notes: Mapping[str, str] | None = None):
+    """`notes`: op name -> why its cost was not measured on its own node
+    (fused by the runtime into another, or estimated and why)."""
     table = {}
     for name, cost in costs.items():
       if not isinstance(cost, OpCost):
@@ -56,6 +59,7 @@ class CostModel(Mapping[str, OpCost]):
       table[name] = cost
     self._costs = types.MappingProxyType(table)
     self.source = source
+    self.notes = types.MappingProxyType(dict(notes or {}))
 
   def __getitem__(self, name: str) -> OpCost:
     try:
@@ -78,6 +82,21 @@ class CostModel(Mapping[str, OpCost]):
 
   def num_profiled(self) -> int:
     return sum(1 for c in self._costs.values() if c.profiled)
+
+  def describe_unmeasured(self, limit: int = 5) -> str:
+    """One line: which ops the runtime fused into others (measured there)
+    and which are estimated, a few named each; "" when every op was
+    measured on its own node."""
+    parts = []
+    for label, ops in (
+        ("fused by the runtime (measured on the op that absorbed them)",
+         [n for n, why in self.notes.items() if why.startswith("fused")]),
+        ("estimated (profiled: false)",
+         [n for n, c in self._costs.items() if not c.profiled])):
+      if ops:
+        more = f", +{len(ops) - limit} more" if len(ops) > limit else ""
+        parts.append(f"{len(ops)} {label}: {', '.join(ops[:limit])}{more}")
+    return "; ".join(parts)
 
   def compute_times(self) -> dict[str, float]:
     """Op name -> compute_us, the form graph analyses take."""

@@ -10,8 +10,10 @@ it: TensorFlow's oneDNN build fuses Conv2D + BiasAdd into one kernel named
 after the BiasAdd, and BiasAddGrad into the filter gradient -- costs 0
 compute: its time is measured on the node that absorbed it (estimating it
 too counted a convolution twice). Ops the runtime did not report otherwise
-(fed placeholders) keep the analytic estimate and are flagged
-`profiled=False`.
+(fed placeholders, ops that did not run in every traced step, ops absent
+from the runtime's graphs with no fused neighbour) keep the analytic
+estimate and are flagged `profiled=False`; `CostModel.notes` says why for
+each, and names the node that absorbed each fused op.
 
 Profile in a fresh process where it matters: seen with TF 2.21 on CPU, the
 same CNN profiled four times in one process (each time a new model, after
@@ -186,7 +188,8 @@ def profile_step(step: CapturedStep, *,
     samples = _traced_samples(session, inputs, steps, warmup, bar,
                               cores_per_device, {op.name for op in graph.ops})
     untraced = _untraced_us(session, inputs, steps) if scaled else None
-  costs = _costs_from(graph, samples, steps, set(step.input_names), fallback)
+  costs, notes = _costs_from(graph, samples, steps, set(step.input_names),
+                             fallback)
   note = ""
   if untraced is not None:
     costs, scale = _scaled_to(costs, untraced)
@@ -195,7 +198,7 @@ def profile_step(step: CapturedStep, *,
   where = ("one device" if graph_def is None else
            f"{len(devices)} devices of a first plan" if len(devices) > 1
            else "one device")
-  return CostModel(costs, source=(
+  return CostModel(costs, notes=notes, source=(
       f"profiled on this machine ({where}): median of {steps} traced steps "
       f"after {warmup} warm-up, inter_op_threads={inter_op_threads}"
       + (f", shared among {cores_per_device} core(s) per device"
@@ -208,7 +211,7 @@ class _Samples:
   times: dict[str, list[float]] = dataclasses.field(default_factory=dict)
   temps: dict[str, list[int]] = dataclasses.field(default_factory=dict)
   persistent: dict[str, int] = dataclasses.field(default_factory=dict)
-  ran: set[str] = dataclasses.field(default_factory=set)
+  ran: dict[str, str] = dataclasses.field(default_factory=dict)  # op type
 
 
 def _traced_samples(session, inputs, steps, warmup, bar, cores,
@@ -228,8 +231,8 @@ def _traced_samples(session, inputs, steps, warmup, bar, cores,
     with native_info_logs_quiet():
       session.run(inputs, options=options, run_metadata=metadata)
     if i == 0:
-      out.ran = {node.name for partition in metadata.partition_graphs
-                 for node in partition.node}
+      out.ran = {node.name: node.op for partition in
+                 metadata.partition_graphs for node in partition.node}
     for name, (t, temp, pers) in _read_step_stats(metadata, cores,
                                                   op_names).items():
       out.times.setdefault(name, []).append(t)
@@ -246,14 +249,17 @@ def _untraced_us(session, inputs, steps: int) -> float:
 
 
 def _costs_from(graph, samples: _Samples, steps: int, fed: set[str],
-                fallback) -> dict[str, OpCost]:
-  """Each op's OpCost: measured where it ran in every traced step, 0 where
-  the runtime rewrote it away, else the analytic estimate."""
-  costs = {}
+                fallback) -> tuple[dict[str, OpCost], dict[str, str]]:
+  """Each op's OpCost, and why for each op not measured on its own node:
+  measured where it ran in every traced step; 0 where the runtime fused it
+  into a neighbour (measured there); else the analytic estimate, flagged
+  `profiled=False`."""
+  costs, notes = {}, {}
   for op in graph.ops:
     estimate = analytic.estimate_op(graph, op.name, fallback)
     # A measurement is only trusted if the op ran in every traced step.
-    if len(samples.times.get(op.name, ())) == steps:
+    runs = len(samples.times.get(op.name, ()))
+    if runs == steps:
       costs[op.name] = OpCost(
           compute_us=float(statistics.median(samples.times[op.name])),
           temp_bytes=int(statistics.median(samples.temps[op.name])),
@@ -262,13 +268,40 @@ def _costs_from(graph, samples: _Samples, steps: int, fed: set[str],
           persistent_bytes=max(estimate.persistent_bytes,
                                samples.persistent[op.name]),
           profiled=True)
-    elif op.name not in samples.ran and op.name not in fed:
+      continue
+    host = (_fused_into(graph, op.name, samples.ran)
+            if op.name not in samples.ran and op.name not in fed else None)
+    if host is not None:
       costs[op.name] = OpCost(compute_us=0.0, temp_bytes=0,
                               persistent_bytes=estimate.persistent_bytes,
                               profiled=True)
-    else:
-      costs[op.name] = estimate
-  return costs
+      notes[op.name] = (f"fused by the runtime into {host} "
+                        f"({samples.ran[host]}), measured there")
+      continue
+    costs[op.name] = dataclasses.replace(estimate, profiled=False)
+    notes[op.name] = (
+        "fed by the caller: analytic estimate" if op.name in fed else
+        f"ran in {runs} of {steps} traced steps: analytic estimate"
+        if op.name in samples.ran else
+        "absent from the runtime's graphs and fused into no neighbour: "
+        "analytic estimate")
+  return costs, notes
+
+
+def _fused_into(graph, name: str, ran: dict[str, str]) -> str | None:
+  """The node that absorbed `name`, an op absent from the runtime's graphs:
+  a data neighbour (consumer, producer, or a reader of the same input, as
+  oneDNN folds BiasAddGrad into the filter gradient that reads the same
+  output gradient) that ran as a fused kernel. None if there is none."""
+  def fused(node):
+    kind = ran.get(node, "")
+    return "Fused" in kind or "WithBias" in kind
+  edges = [e for e in graph.in_edges(name) if not e.is_control]
+  outs = [e for e in graph.out_edges(name) if not e.is_control]
+  near = ([e.dst for e in outs] + [e.src for e in edges] +
+          [s.dst for e in edges for s in graph.out_edges(e.src)
+           if not s.is_control and s.dst != name])
+  return next((n for n in sorted(set(near)) if fused(n)), None)
 
 
 def _scaled_to(costs: dict[str, OpCost], total_us: float
