@@ -150,6 +150,13 @@ class _OptimizedTrainFunction:
     # The rewritten (placed) GraphDef per input signature, for measuring it.
     self.graph_defs: dict[tuple, Any] = {}
 
+  def invalidate(self) -> None:
+    """The model's step changed (a constraint, a loss term): each input
+    signature's step is captured, profiled and placed again at its next
+    call (variables already placed stay where they are)."""
+    self.steps.clear()
+    _PROFILES.pop(self.model, None)
+
   def __call__(self, iterator):
     import keras  # pylint: disable=g-import-not-at-top
     data = next(iterator)
@@ -520,7 +527,33 @@ def compile(model, *, fusion: bool = True,  # pylint: disable=redefined-builtin
     # Keras' fit calls make_train_function(), which keeps a function that is
     # already set; compile() resets it, which removes the hook.
     model.train_function = hook
+    _keep_hook(model, hook)
   return model
+
+
+def _keep_hook(model, hook) -> None:
+  """Keeps the hook over `make_train_function(force=True)`.
+
+  Callbacks that change the step (pruning masks as variable constraints,
+  a distillation loss) call it so that Keras traces the step again; Keras'
+  own would replace the hook with a plain step. This model's
+  `make_train_function` puts the hook back instead, and makes it capture
+  (profile, place, check) the changed step at its next call. A later plain
+  `model.compile` (Keras' compile config replaced) ends it: Keras' own
+  method again.
+  """
+  config = getattr(model, "_compile_config", None)
+
+  def make_train_function(force=False):
+    if getattr(model, "_compile_config", None) is not config:
+      del model.make_train_function  # recompiled by Keras: its own again
+      return model.make_train_function(force=force)
+    if force:
+      hook.invalidate()
+    model.train_function = hook
+    return hook
+
+  model.make_train_function = make_train_function
 
 
 def _check_model(model, compile_kwargs) -> Any:

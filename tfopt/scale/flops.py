@@ -58,7 +58,15 @@ def _dims(text: str) -> list:
 
 
 def _attr(attrs: str, key: str) -> str | None:
-  match = re.search(rf"\b{key}=([^\s,]+(?:,[^\s=]+)*)", attrs)
+  """`key`'s value in an HLO attribute list: a braced list ("{1,2}", up to
+  its own closing brace: the text may go on with more braces) or a word.
+
+  >>> _attr("lhs_batch_dims={0}, lhs_contracting_dims={2}}", "lhs_contracting_dims")
+  '{2}'
+  >>> _attr("dim_labels=b01f_01io->b01f, window={size=3}", "dim_labels")
+  'b01f_01io->b01f'
+  """
+  match = re.search(rf"\b{key}=(\{{[^}}]*\}}|[^\s,}}]+)", attrs)
   return match.group(1) if match else None
 
 
