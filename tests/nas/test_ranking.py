@@ -156,3 +156,34 @@ def test_log_likelihood_score_against_numpy(trained):
   assert all(s < 0 for _, s in ranking.scores)
   with pytest.raises(ValueError, match="Argument `score` must be one of"):
     rank(trained, x, x, y, score="f1", verbose=0)
+
+
+def test_in_graph_sampling_ranks_and_exports_the_paths_it_names(
+    trained, tmp_path):
+  # A super-network that draws its path inside training calls: ranking's
+  # BatchNorm recalibration and export call it with training=True, and used
+  # to draw random paths there. Oracle: its twin without in-graph sampling,
+  # same weights, gives the same scores and the same exported sub-graph.
+  from tfopt.nas.export import export_subgraph
+  sampling = SuperNet(tiny64(filters=4), in_graph_sampling=True, seed=5)
+  sampling.set_weights(trained.get_weights())
+  x_cal, _ = _data(64, 6)
+  x_val, y_val = _data(40, 7)
+  allowed = {"layer1": ["skip", "conv3"], "layer2": ["maxpool"]}
+  expected = rank(trained, x_cal, x_val, y_val, allowed=allowed, verbose=0,
+                  score="log_likelihood")
+  got = rank(sampling, x_cal, x_val, y_val, allowed=allowed, verbose=0,
+             score="log_likelihood")
+  assert dict(got.scores) == pytest.approx(dict(expected.scores), rel=1e-6)
+  arch = ("conv3", "conv3", "maxpool")
+  sampling.set_arch(arch)
+  recalibrate_batchnorm(sampling, x_cal)
+  assert sampling.arch() == arch  # not redrawn
+  probe, _ = _data(8, 8)
+  outs = []
+  for net, name in ((trained, "plain"), (sampling, "sampling")):
+    done = export_subgraph(net, arch, str(tmp_path / name), x_cal=x_cal,
+                           probe=probe)
+    outs.append(np.asarray(keras.saving.load_model(done.keras_path)(
+        probe, training=False)))
+  np.testing.assert_allclose(outs[1], outs[0], rtol=1e-5, atol=1e-6)

@@ -78,17 +78,20 @@ def preserved_state(net, blocks=None):
 
 def recalibrate_batchnorm(net, x_cal, batch_size: int = 64) -> None:
   """Re-estimates the moving statistics of the active path's BatchNorm
-  layers on `x_cal` (their weights are untouched)."""
+  layers on `x_cal` (their weights are untouched); a network that samples
+  its path in the graph runs the active one throughout."""
   norms = _batch_norms(path_blocks(net, net.arch()))
   saved = [bn.momentum for bn in norms]
+  fixed = getattr(net, "fixed_path", contextlib.nullcontext)
   try:
     for bn in norms:
       bn.moving_mean.assign(ops.zeros_like(bn.moving_mean))
       bn.moving_variance.assign(ops.ones_like(bn.moving_variance))
-    for k, start in enumerate(range(0, len(x_cal), batch_size)):
-      for bn in norms:  # new = m * old + (1 - m) * batch: a running mean
-        bn.momentum = 1.0 - 1.0 / (k + 1)
-      net(x_cal[start:start + batch_size], training=True)
+    with fixed():
+      for k, start in enumerate(range(0, len(x_cal), batch_size)):
+        for bn in norms:  # new = m * old + (1 - m) * batch: a running mean
+          bn.momentum = 1.0 - 1.0 / (k + 1)
+        net(x_cal[start:start + batch_size], training=True)
   finally:
     for bn, momentum in zip(norms, saved):
       bn.momentum = momentum

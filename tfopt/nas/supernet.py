@@ -20,7 +20,8 @@ train step, without retracing.
 
 `in_graph_sampling=True` draws the path inside the training step itself
 (`keras.random.categorical` over `sampling_logits`, one draw per call with
-`training=True`), so a whole epoch can run on the device without Python
+`training=True`, except inside `fixed_path()`, which ranking's BatchNorm
+recalibration and export use), so a whole epoch can run on the device without Python
 between steps; `set_sampling(constraints)` sets the logits (remove, lock,
 prefer; region and limits are not per-layer and need the Python
 `PathSampler`). Untaken ops are then not restored after each step: use an
@@ -34,6 +35,8 @@ entering a wider stage) carry a 1x1 projection.
 """
 
 from __future__ import annotations
+
+import contextlib
 
 import keras
 import numpy as np
@@ -110,6 +113,7 @@ class SuperNet(keras.Model):
         np.zeros(len(space.layers), "int32"), trainable=False, dtype="int32",
         name="active_path")
     self.in_graph_sampling = bool(in_graph_sampling)
+    self._path_fixed = False  # see fixed_path()
     widest = max(len(layer.ops) for layer in space.layers)
     self.sampling_logits = keras.Variable(
         np.zeros((len(space.layers), widest), "float32"), trainable=False,
@@ -194,9 +198,22 @@ class SuperNet(keras.Model):
     return tuple(layer.op_names[int(i)]
                  for i, layer in zip(index, self.space.layers))
 
+  @contextlib.contextmanager
+  def fixed_path(self):
+    """Within it, calls with `training=True` run the active path as set
+    (in-graph sampling paused): BatchNorm recalibration, ranking and
+    export must run the path they name, not a fresh draw. Eager calls
+    only: a step traced inside it keeps the fixed path."""
+    before = self._path_fixed
+    self._path_fixed = True
+    try:
+      yield self
+    finally:
+      self._path_fixed = before
+
   def call(self, inputs, training=None):
     path = self.active_path
-    if training and self.in_graph_sampling:
+    if training and self.in_graph_sampling and not self._path_fixed:
       path = ops.cast(keras.random.categorical(
           self.sampling_logits, 1, seed=self._seed_generator)[:, 0], "int32")
       self.active_path.assign(path)
