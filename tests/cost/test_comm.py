@@ -75,6 +75,13 @@ def test_fit_overhead_recovers_a_known_overhead_from_noisy_batches():
   # Serial transfers (every one pays the whole latency): clipped to it.
   serial = [700.0 * n for n in (1, 2, 4)]
   assert fit_overhead([1, 2, 4], serial, Link(700.0, 1.0))[0] == 700.0
+  # ...also where the latency has more digits than the rounding keeps (a
+  # calibration rounded 2.6021416065 up past its latency and failed).
+  latency = 2.6021416065098752
+  fitted, _ = fit_overhead([1, 2, 4], [latency * n for n in (1, 2, 4)],
+                           Link(latency, 1.0))
+  assert fitted <= latency
+  Link(latency, 1.0, fitted)  # accepted
   with pytest.raises(ValueError, match="distinct counts"):
     fit_overhead([2, 2], [1.0, 2.0], Link(1.0, 1.0))
   with pytest.raises(ValueError, match="times_us"):

@@ -210,5 +210,7 @@ def fit_overhead(counts: Sequence[int], times_us: Sequence[float],
   slope, intercept = np.polyfit(n, y, 1)
   residual = y - (intercept + slope * n)
   relative = float(np.sqrt(np.mean((residual / y) ** 2)))
-  overhead = min(max(float(slope), 0.0), link.latency_us)
-  return round(overhead, 9), round(relative, 9)
+  # Rounded for stable reports, never above the latency it is capped at
+  # (rounding 2.6021416065 up to 2.602141607 broke Link's own check).
+  overhead = min(round(max(float(slope), 0.0), 9), link.latency_us)
+  return overhead, round(relative, 9)
