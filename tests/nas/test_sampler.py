@@ -176,3 +176,52 @@ def test_fair_schedule_trains_every_op_equally_often():
         PathSampler(constraints=c, schedule="fair")])
   with pytest.raises(ValueError, match="Argument `schedule` must be one of"):
     PathSampler(schedule="round_robin")
+
+
+def test_bad_live_edits_are_reported_and_the_search_goes_on(tmp_path, caplog):
+  # The analyst edits the steering file while the search runs: garbage,
+  # then a half-written file, then a valid lock. The first two are reported
+  # (file, line, what) and the last valid constraints stay; the lock takes.
+  from tfopt.nas.callbacks import SubgraphRanker
+  from tfopt.nas.steering import Constraints
+  keras.utils.set_random_seed(0)
+  net = SuperNet(tiny64(filters=2))
+  net.compile("sgd", keras.losses.SparseCategoricalCrossentropy(
+      from_logits=True))
+  path = str(tmp_path / "steer.json")
+  Constraints().save(path)
+  locked = Constraints()
+  locked.lock_layer(net.space, "layer1", "skip")
+  locked.save(str(tmp_path / "locked.json"))
+  valid = open(tmp_path / "locked.json", encoding="utf-8").read()
+  edits = {0: "garbage {", 1: valid[:len(valid) // 2], 2: valid}
+  seen = []
+
+  class Analyst(keras.callbacks.Callback):
+
+    def on_train_batch_begin(self, batch, logs=None):
+      seen.append(net.arch())
+
+    def on_epoch_end(self, epoch, logs=None):
+      if epoch in edits:
+        with open(path, "w", encoding="utf-8") as f:
+          f.write(edits[epoch])
+
+  x, y = _data(n=16)
+  sampler = PathSampler(seed=0, constraints_file=path)
+  ranker = SubgraphRanker(x[:8], x[:8], y[:8], every_n_epochs=1,
+                          constraints_file=path, samples=2,
+                          max_exhaustive=1)
+  with caplog.at_level("WARNING", logger="tfopt"):
+    net.fit(x, y, batch_size=2, epochs=4, verbose=0,
+            callbacks=[sampler, Analyst(), ranker])
+  assert len(sampler.steering_errors) == 2
+  assert all(path in e for e in sampler.steering_errors)
+  assert "line 1 column 1" in sampler.steering_errors[0]
+  assert "line" in sampler.steering_errors[1]
+  assert sampler.versions == [0, 0, 1]  # begin, epoch 0, then the lock
+  assert {a[1] for a in seen[:24]} != {"skip"}  # epochs 0-2 free
+  assert {a[1] for a in seen[24:]} == {"skip"}
+  # The ranker, reading the same file at each epoch's end, went on too.
+  assert len(ranker.rankings) == 4 and len(ranker.steering_errors) == 2
+  assert sum("not applied" in r.getMessage() for r in caplog.records) == 4

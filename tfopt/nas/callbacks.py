@@ -16,6 +16,8 @@ at the end.
 
 from __future__ import annotations
 
+import logging
+
 import keras
 
 from tfopt._errors import invalid_argument
@@ -56,15 +58,38 @@ class SubgraphRanker(keras.callbacks.Callback):
     self.rank_kwargs = {"verbose": 0, **rank_kwargs}
     self.ranking = None
     self.rankings: list = []
+    self.steering_errors: list[str] = []
+    self._valid = None  # the last constraints that loaded
     self._epoch = -1
 
   def rank_now(self, epoch: int):
-    constraints = (Constraints.load(self.constraints_file, self.model.space)
-                   if self.constraints_file else None)
+    constraints = self._constraints(epoch)
     self.ranking = rank(self.model, self.x_cal, self.x_val, self.y_val,
                         constraints=constraints, **self.rank_kwargs)
     self.rankings.append((epoch, self.ranking))
     return self.ranking
+
+  def _constraints(self, epoch: int):
+    """The constraints file's current constraints; while a live edit does
+    not parse or validate, the last valid ones (the error is recorded in
+    `steering_errors` and logged)."""
+    if not self.constraints_file:
+      return None
+    try:
+      self._valid = Constraints.load(self.constraints_file, self.model.space)
+    except (ValueError, OSError) as err:
+      if self._valid is None:
+        raise  # never valid: bad input, not a live edit
+      message = (f"epoch {epoch}: steering file {self.constraints_file} not "
+                 f"applied to the ranking ({err}); the last valid "
+                 f"constraints are used")
+      self.steering_errors.append(message)
+      logging.getLogger("tfopt").warning("%s", message)
+    return self._valid
+
+  def on_train_begin(self, logs=None):
+    # Bad input fails before training; later reads are live edits.
+    self._constraints(-1)
 
   def on_epoch_end(self, epoch, logs=None):
     self._epoch = epoch

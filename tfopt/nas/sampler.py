@@ -14,6 +14,7 @@ weight decay otherwise shrinks every trainable variable, taken or not.
 from __future__ import annotations
 
 import collections
+import logging
 
 import keras
 import numpy as np
@@ -34,7 +35,10 @@ class PathSampler(keras.callbacks.Callback):
       limits); replaces `allowed`.
     constraints_file: a `Constraints` JSON file, re-read at every epoch
       begin (so an analyst can steer a running search); replaces
-      `constraints`. `versions` records the version seen per epoch.
+      `constraints`. `versions` records the version seen per epoch. A
+      live edit that does not parse or validate is not applied: the last
+      valid constraints stay, and `steering_errors` (and a warning on the
+      "tfopt" logger) says which file, where and what is wrong.
     seed: seed of the sampler's NumPy generator.
     freeze_untaken: restore untaken ops' variables after every step
       (default: yes, unless the model samples in-graph).
@@ -66,6 +70,8 @@ class PathSampler(keras.callbacks.Callback):
     self._draw = None
     self.constraints_file = constraints_file
     self.versions: list = []
+    # Live edits of constraints_file that could not be applied (why).
+    self.steering_errors: list[str] = []
     self.rng = np.random.default_rng(seed)
     self.freeze_untaken = freeze_untaken
     self.counts: collections.Counter = collections.Counter()
@@ -89,9 +95,23 @@ class PathSampler(keras.callbacks.Callback):
     self._make_draw()
 
   def on_epoch_begin(self, epoch, logs=None):
-    if self.constraints_file is not None:
+    if self.constraints_file is None:
+      return
+    # Edited live by the analyst: a bad or half-written file must not end
+    # the search. Keep the last valid constraints and say what is wrong.
+    kept = (self.constraints, self._draw, self._queues, len(self.versions))
+    try:
       self._read_constraints()
       self._make_draw()
+    except (ValueError, OSError) as err:
+      self.constraints, self._draw, self._queues = kept[:3]
+      del self.versions[kept[3]:]
+      message = (f"epoch {epoch}: steering file {self.constraints_file} "
+                 f"not applied ({err}); the search goes on with the last "
+                 f"valid constraints (version "
+                 f"{getattr(self.constraints, 'version', None)})")
+      self.steering_errors.append(message)
+      logging.getLogger("tfopt").warning("%s", message)
 
   def _make_draw(self) -> None:
     """The architecture sampler for the current constraints (validated
