@@ -110,10 +110,14 @@ def test_cli_search_steer_resume_rank_report_export(tmp_path):
   run = str(tmp_path / "run")
   space_file = tmp_path / "space.json"
   space_file.write_text(tiny64(filters=4).to_json())
+  # Started with seed 7: its data split. Every later mode, run without
+  # --seed, must use that split, not the default seed 0's, whose training
+  # rows hold this run's validation and test images.
   done = _nas("--mode=search", f"--run_dir={run}", f"--space={space_file}",
-              "--steps=32")
+              "--steps=32", "--seed=7")
   assert done.returncode == 0, done.stderr[-3000:]
   assert "top 5 of 64 ranked sub-graphs" in done.stdout
+  assert "data: digits split by seed 7" in done.stdout
   again = _nas("--mode=search", f"--run_dir={run}", "--steps=32")
   assert again.returncode != 0 and "--resume" in again.stderr
   steer = _nas("--mode=steer", f"--run_dir={run}", "--remove=layer0:skip",
@@ -129,6 +133,9 @@ def test_cli_search_steer_resume_rank_report_export(tmp_path):
   resumed = _nas("--mode=search", f"--run_dir={run}", "--resume",
                  "--steps=32")
   assert resumed.returncode == 0, resumed.stderr[-3000:]
+  assert "data: digits split by seed 7" in resumed.stdout
+  other = _nas("--mode=rank", f"--run_dir={run}", "--seed=0")
+  assert other.returncode != 0 and "started with seed 7" in other.stderr
   rows = (tmp_path / "run" / "subgraphs.csv").read_text().splitlines()[1:]
   ranked = [r.split(",") for r in rows if not r.endswith(",")]
   assert len(ranked) == 3 * 4 * 1  # the steered space only
@@ -136,8 +143,11 @@ def test_cli_search_steer_resume_rank_report_export(tmp_path):
   for mode in ("rank", "report"):
     done = _nas(f"--mode={mode}", f"--run_dir={run}")
     assert done.returncode == 0, done.stderr[-3000:]
+    if mode == "rank":
+      assert "data: digits split by seed 7" in done.stdout
   export = _nas("--mode=export", f"--run_dir={run}")
   assert export.returncode == 0, export.stderr[-3000:]
+  assert "data: digits split by seed 7" in export.stdout
   assert (tmp_path / "run" / "export" / "model.keras").exists()
   (tmp_path / "run" / "run.json").write_text("[]")
   corrupt = _nas("--mode=report", f"--run_dir={run}")

@@ -49,7 +49,8 @@ flags.DEFINE_integer("steps", 2000, "Super-network training steps.")
 flags.DEFINE_integer("batch_size", 32, "Batch size.")
 flags.DEFINE_float("lr", 3e-3, "Adam learning rate (cosine decay to 0).")
 flags.DEFINE_integer("seed", 0, "Data split, initialisation and sampling "
-                     "seed.")
+                     "seed (search; later modes and --resume use the run's "
+                     "own and refuse another).")
 flags.DEFINE_enum("execution", "switch", ["switch", "mask"],
                   "Super-network execution.")
 flags.DEFINE_integer("rank_every", 0, "Also rank every n epochs (0: at the "
@@ -106,7 +107,25 @@ def _space():
     return SearchSpace.from_json(f.read())
 
 
-def _data(space):
+def _split_seed(run) -> int:
+  """The seed of the run's data split: the one it was started with (in its
+  manifest), so that resuming, ranking and exporting never train or
+  recalibrate on the run's validation and test rows. A --seed given that
+  disagrees is refused."""
+  recorded = run.manifest().get("settings", {}).get("seed")
+  if recorded is None:  # a run recorded without its seed
+    return FLAGS.seed
+  if FLAGS["seed"].present and FLAGS.seed != recorded:
+    raise app.UsageError(
+        f"--seed={FLAGS.seed} disagrees with the run in {run.path}, started "
+        f"with seed {recorded}: its data split. Another split would put this "
+        f"run's validation and test rows into training and calibration; "
+        f"leave --seed out.")
+  return int(recorded)
+
+
+def _data(space, seed: int):
+  """The built-in data split by `seed` (printed, with where it came from)."""
   from tfopt.nas.data import digits  # pylint: disable=import-outside-toplevel
   if tuple(space.input_shape) != (8, 8, 1) or space.num_classes != 10:
     raise app.UsageError(
@@ -114,7 +133,8 @@ def _data(space):
         f"{space.name!r} takes {tuple(space.input_shape)} with "
         f"{space.num_classes} classes. Use tfopt.nas from Python with your "
         "own data.")
-  return digits(FLAGS.seed)
+  print(f"data: digits split by seed {seed}")
+  return digits(seed)
 
 
 def _search(run):
@@ -128,12 +148,14 @@ def _search(run):
   if FLAGS.resume:
     space = run.space()
     net = run.load_supernet(FLAGS.execution)
+    settings["seed"] = _split_seed(run)
   else:
     space = _space()
     run.create(space, settings, overwrite=FLAGS.overwrite)
     keras.utils.set_random_seed(FLAGS.seed)
     net = SuperNet(space, execution=FLAGS.execution)
-  split = _data(space)
+  seed = settings["seed"]
+  split = _data(space, seed)
   per_epoch = -(-len(split.x_train) // FLAGS.batch_size)
   epochs = -(-FLAGS.steps // per_epoch)
   net.compile(make_optimizer(FLAGS.lr, epochs * per_epoch), make_loss(),
@@ -143,8 +165,8 @@ def _search(run):
                              every_n_epochs=FLAGS.rank_every,
                              constraints_file=constraints_file,
                              strategy=FLAGS.strategy, samples=FLAGS.samples,
-                             seed=FLAGS.seed, score=FLAGS.score)
-  callbacks = [PathSampler(seed=FLAGS.seed,
+                             seed=seed, score=FLAGS.score)
+  callbacks = [PathSampler(seed=seed,
                            constraints_file=constraints_file), ranker,
                cb.NASReport(run, ranker=ranker, settings=settings)]
   if FLAGS.tensorboard_dir:
@@ -168,11 +190,12 @@ def _rank(run):
   from tfopt.nas.ranking import rank  # pylint: disable=import-outside-toplevel
   space = run.space()
   net = run.load_supernet()
-  split = _data(space)
+  seed = _split_seed(run)
+  split = _data(space, seed)
   constraints = run.constraints(space)
   ranking = rank(net, split.x_train[:500], split.x_val, split.y_val,
                  constraints=constraints, strategy=FLAGS.strategy,
-                 samples=FLAGS.samples, seed=FLAGS.seed, score=FLAGS.score)
+                 samples=FLAGS.samples, seed=seed, score=FLAGS.score)
   run.write_ranking(ranking, space, constraints)
   run.write_views(space, ranking, constraints, run.history())
   _print_top(space, ranking)
@@ -223,7 +246,7 @@ def _export(run):
   space = run.space()
   net = run.load_supernet()
   arch = tuple(FLAGS.arch) if FLAGS.arch else run.ranking(space).top(1)[0]
-  split = _data(space)
+  split = _data(space, _split_seed(run))
   try:
     result = export_subgraph(net, arch, run.file("export"),
                              x_cal=split.x_train[:500],
