@@ -74,3 +74,42 @@ def test_timeline_png(tmp_path):
     monitor.timeline_png(str(path))
   with pytest.raises(ValueError, match="Argument `window`"):
     monitor.timeline_png(str(tmp_path / "w.png"), window=0)
+
+
+def test_mfu_against_a_stated_peak_and_the_achievable_one_apart():
+  # Default "auto" on a CPU-only machine: the theoretical peak from
+  # /proc/cpuinfo, named; the measured achievable peak is a separate figure
+  # (and below the theoretical one).
+  from tfopt.scale.mfu import cpu_peak_flops
+  model = _model()
+  x = np.random.default_rng(0).normal(size=(64, 32)).astype("float32")
+  y = np.zeros((64, 8), "float32")
+  monitor = MFUMonitor((x[:16], y[:16]), measure_achievable=True)
+  model.fit(x, y, batch_size=16, epochs=1, verbose=0, callbacks=[monitor])
+  s = monitor.summary()
+  theoretical, source = cpu_peak_flops()
+  assert s["peak_flops"] == theoretical and s["peak_source"] == source
+  assert source.startswith("theoretical: ")
+  assert 0 < s["achievable_flops"] < theoretical
+  achieved = monitor.flops_per_step / s["step_s"]
+  assert s["mfu"] == pytest.approx(achieved / theoretical)
+  assert s["mfu_of_achievable"] == pytest.approx(
+      achieved / s["achievable_flops"])
+  # A stated number and a datasheet key say so; no achievable by default.
+  stated = MFUMonitor((x[:16], y[:16]), peak_flops=2e12)
+  model.fit(x, y, batch_size=16, epochs=1, verbose=0, callbacks=[stated])
+  assert stated.summary()["peak_source"] == "stated by the user"
+  assert stated.summary()["achievable_flops"] is None
+
+
+def test_cpu_peak_from_cpuinfo_by_hand():
+  from tfopt.scale.mfu import _gpu_key, cpu_peak_flops
+  info = ("processor : 0\ncpu MHz : 2500.0\nflags : sse2 avx avx2 avx512f\n"
+          "processor : 1\ncpu MHz : 3000.0\nflags : sse2 avx avx2 avx512f\n")
+  # 4 cores x 3.0 GHz (the fastest listed) x 64 FLOP/cycle (AVX-512).
+  assert cpu_peak_flops(info, cores=4)[0] == 4 * 3.0e9 * 64
+  assert cpu_peak_flops("cpu MHz : 1000\nflags : sse2\n", cores=1)[0] == 8e9
+  assert _gpu_key("NVIDIA H200", "bfloat16") == "h200-bf16"
+  assert _gpu_key("NVIDIA H100 80GB HBM3", "float32") == "h100-sxm-fp32"
+  assert _gpu_key("NVIDIA A100-SXM4-40GB", "float32") == "a100-fp32"
+  assert _gpu_key("Some GPU", "float32") is None

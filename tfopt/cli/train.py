@@ -132,7 +132,7 @@ def main(argv):
   n = len(x) // bs * bs
   callbacks = []
   if config["mfu"]:
-    callbacks.append(MFUMonitor((x[:bs], y[:bs])))
+    callbacks.append(MFUMonitor((x[:bs], y[:bs]), measure_achievable=True))
   history = compiled.fit(x[:n], y[:n], batch_size=bs,
                          epochs=config["epochs"], validation_data=(xv, yv),
                          callbacks=callbacks, shuffle=True, verbose=2)
@@ -141,8 +141,11 @@ def main(argv):
       final.items())))
   if callbacks:
     summary = callbacks[0].summary()
-    print(f"MFU {summary['mfu']:.4f} at {summary['samples_per_s']:.0f} "
-          f"samples/s (median step {summary['step_s'] * 1e3:.2f} ms)")
+    print(f"MFU {summary['mfu']:.4f} of {summary['peak_flops']:.3g} FLOP/s "
+          f"({summary['peak_source']}); {summary['mfu_of_achievable']:.4f} "
+          f"of the {summary['achievable_flops']:.3g} FLOP/s measured here; "
+          f"{summary['samples_per_s']:.0f} samples/s (median step "
+          f"{summary['step_s'] * 1e3:.2f} ms)")
     if FLAGS.mfu_png:
       callbacks[0].timeline_png(FLAGS.mfu_png, overwrite=FLAGS.overwrite)
       print(f"wrote {FLAGS.mfu_png}")

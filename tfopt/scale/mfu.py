@@ -6,10 +6,20 @@
 
 FLOPs per step come from the compiled train step's XLA HLO
 (`tfopt.scale.flops.train_step_flops`, counted once at train begin on
-`sample_batch`, which must have the training batch's shape). The peak is a
-number, a device name from `PEAK_FLOPS` (dense bf16 / fp32 tensor-core
-figures from the vendors' data sheets), or "measure": the best of a few
-large float32 matmuls timed on this machine (what a CPU really reaches).
+`sample_batch`, which must have the training batch's shape).
+
+MFU is reported against a *stated* peak, so that it is the standard figure
+and comparable across machines: a number of FLOP/s the user states, a key
+of `PEAK_FLOPS` (dense figures from the vendors' data sheets, per device
+and dtype), or "auto" (the default): the datasheet entry of the visible
+GPU for the model's compute dtype, else this CPU's theoretical peak
+(`cpu_peak_flops`: cores x clock x FLOP per cycle of its widest vector
+unit). `peak_source` says which. What this machine really reaches -- the
+best of chained float32 matmuls timed on the device, no host copy inside
+the timing (`measure_peak_flops`) -- is a separate, labelled figure:
+`achievable_flops` and `mfu_of_achievable` in the summary, measured at train
+begin with `measure_achievable=True` (or `peak_flops="measure"`, which also
+makes it the denominator, for backward compatibility, named as such).
 
 Per batch the callback only reads the clock. It declares `async_safe =
 False`, truthfully: Keras' asynchronous dispatch would run it on a worker
@@ -31,27 +41,112 @@ import numpy as np
 
 from tfopt._errors import invalid_argument
 
-# Dense (non-sparse) peak FLOP/s per device, from the vendors' data sheets.
+# Dense (non-sparse) peak FLOP/s per device and dtype, from the vendors'
+# data sheets ("fp32" on tensor-core GPUs: plain FP32, not TF32).
 PEAK_FLOPS = {
-    "h200-bf16": 989e12, "h100-sxm-bf16": 989e12, "a100-bf16": 312e12,
-    "a100-fp32": 19.5e12, "v100-fp16": 125e12, "tpu-v4-bf16": 275e12,
-    "tpu-v5e-bf16": 197e12,
+    "h200-bf16": 989e12, "h200-fp32": 67e12,
+    "h100-sxm-bf16": 989e12, "h100-sxm-fp32": 67e12,
+    "a100-bf16": 312e12, "a100-fp32": 19.5e12,
+    "v100-fp16": 125e12, "v100-fp32": 15.7e12,
+    "tpu-v4-bf16": 275e12, "tpu-v5e-bf16": 197e12,
 }
 
+# Float32 FLOP per cycle and core of a CPU's widest FMA unit, assuming two
+# FMA pipes (Intel server cores and AMD Zen since 2): lanes x 2 (multiply
+# and add) x 2 pipes.
+_CPU_FLOP_PER_CYCLE = (("avx512f", 64), ("avx2", 32), ("avx", 16),
+                       ("sse2", 8))
 
-def measure_peak_flops(size: int = 1024, repeats: int = 5) -> float:
-  """The best float32 FLOP/s of `repeats` size x size matmuls here."""
+
+def cpu_peak_flops(cpuinfo: str | None = None, cores: int | None = None
+                   ) -> tuple[float, str]:
+  """This CPU's theoretical float32 peak and how it was derived: usable
+  cores x clock (the fastest "cpu MHz" /proc/cpuinfo lists) x FLOP per
+  cycle of its widest vector unit (its flags).
+
+  >>> info = "cpu MHz : 2000.000\\nflags : fpu sse2 avx avx2 fma\\n"
+  >>> cpu_peak_flops(info, cores=2)
+  (128000000000.0, 'theoretical: 2 cores x 2.00 GHz x 32 FLOP/cycle (avx2, two FMA pipes)')
+  """
+  import os  # pylint: disable=import-outside-toplevel
+  if cpuinfo is None:
+    try:
+      with open("/proc/cpuinfo", encoding="utf-8") as f:
+        cpuinfo = f.read()
+    except OSError as err:
+      raise RuntimeError("No CPU peak without /proc/cpuinfo: give "
+                         "peak_flops as a number (FLOP/s).") from err
+  mhz = [float(line.split(":", 1)[1]) for line in cpuinfo.splitlines()
+         if line.startswith("cpu MHz")]
+  flags = set()
+  for line in cpuinfo.splitlines():
+    if line.startswith("flags"):
+      flags.update(line.split(":", 1)[1].split())
+  isa, per_cycle = next(((name, n) for name, n in _CPU_FLOP_PER_CYCLE
+                         if name in flags), ("scalar", 2))
+  if not mhz:
+    raise RuntimeError("No CPU clock in /proc/cpuinfo: give peak_flops as a "
+                       "number (FLOP/s).")
+  if cores is None:
+    cores = (len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity")
+             else os.cpu_count())
+  ghz = max(mhz) / 1e3
+  return (cores * ghz * 1e9 * per_cycle,
+          f"theoretical: {cores} cores x {ghz:.2f} GHz x {per_cycle} "
+          f"FLOP/cycle ({isa}, two FMA pipes)")
+
+
+def _gpu_key(device_name: str, dtype: str) -> str | None:
+  """The PEAK_FLOPS key of a GPU (TensorFlow's device description) and a
+  compute dtype, if the table has it."""
+  name = device_name.lower()
+  kind = "bf16" if "bfloat16" in dtype or "float16" in dtype else "fp32"
+  for model in ("h200", "h100", "a100", "v100"):
+    if model in name:
+      for key in (f"{model}-{kind}", f"{model}-sxm-{kind}"):
+        if key in PEAK_FLOPS:
+          return key
+  return None
+
+
+def stated_peak(dtype: str = "float32") -> tuple[float, str]:
+  """The "auto" peak: the visible GPU's datasheet figure for `dtype`, else
+  this CPU's theoretical peak; with its source."""
+  import tensorflow as tf  # pylint: disable=import-outside-toplevel
+  for gpu in tf.config.list_physical_devices("GPU"):
+    details = tf.config.experimental.get_device_details(gpu)
+    key = _gpu_key(details.get("device_name", ""), dtype)
+    if key is not None:
+      return PEAK_FLOPS[key], f"datasheet: {key}"
+    raise RuntimeError(
+        f"No datasheet peak for GPU {details.get('device_name')!r} and "
+        f"dtype {dtype}: give peak_flops as a number (FLOP/s) or a key of "
+        f"{sorted(PEAK_FLOPS)}.")
+  return cpu_peak_flops()
+
+
+def measure_peak_flops(size: int = 1024, repeats: int = 5,
+                       chain: int = 8) -> float:
+  """What this machine's default device really reaches: the best float32
+  FLOP/s of `repeats` runs of `chain` dependent size x size matmuls, timed
+  on the device (only a scalar comes back to the host, after the chain)."""
   import tensorflow as tf  # pylint: disable=import-outside-toplevel
   a = tf.random.normal((size, size))
-  b = tf.random.normal((size, size))
-  matmul = tf.function(lambda a, b: tf.linalg.matmul(a, b))
-  matmul(a, b).numpy()  # trace and warm up
+  b = tf.random.normal((size, size)) / size ** 0.5  # values stay bounded
+
+  @tf.function
+  def chained(a, b):
+    for _ in range(chain):
+      a = tf.linalg.matmul(a, b)
+    return tf.reduce_sum(a[:1, :1])
+
+  chained(a, b).numpy()  # trace and warm up
   best = float("inf")
   for _ in range(repeats):
     start = time.perf_counter()
-    matmul(a, b).numpy()
+    chained(a, b).numpy()
     best = min(best, time.perf_counter() - start)
-  return 2 * size ** 3 / best
+  return 2 * size ** 3 * chain / best
 
 
 class MFUMonitor(keras.callbacks.Callback):
@@ -60,11 +155,19 @@ class MFUMonitor(keras.callbacks.Callback):
   Args:
     sample_batch: (x, y) or (x, y, sample_weight) shaped like one training
       batch; its train step is compiled (not run) to count FLOPs.
-    peak_flops: FLOP/s (number), a key of `PEAK_FLOPS`, or "measure".
+    peak_flops: the stated peak: FLOP/s (a number), a key of `PEAK_FLOPS`,
+      or "auto" (the visible GPU's datasheet figure for the model's
+      compute dtype, else this CPU's theoretical peak); "measure" uses the
+      measured achievable peak instead (not the standard MFU: named so).
     log_every: add `mfu` to the batch logs every n batches (0: only epochs).
+    measure_achievable: also time what this machine reaches at train begin
+      (`achievable_flops`, `mfu_of_achievable` in the summary).
+
+  `peak` is the denominator, `peak_source` where it came from.
   """
 
-  def __init__(self, sample_batch, peak_flops="measure", log_every: int = 0):
+  def __init__(self, sample_batch, peak_flops="auto", log_every: int = 0,
+               measure_achievable: bool = False):
     super().__init__()
     if not isinstance(sample_batch, (tuple, list)) or not 1 <= len(
         sample_batch) <= 3:
@@ -72,9 +175,10 @@ class MFUMonitor(keras.callbacks.Callback):
                              "sample_weight) shaped like one batch",
                              type(sample_batch).__name__)
     if isinstance(peak_flops, str):
-      if peak_flops != "measure" and peak_flops not in PEAK_FLOPS:
-        raise invalid_argument("peak_flops", f"a number, 'measure' or one "
-                               f"of {sorted(PEAK_FLOPS)}", peak_flops)
+      if peak_flops not in ("auto", "measure") and \
+          peak_flops not in PEAK_FLOPS:
+        raise invalid_argument("peak_flops", f"a number, 'auto', 'measure' "
+                               f"or one of {sorted(PEAK_FLOPS)}", peak_flops)
     elif isinstance(peak_flops, bool) or not isinstance(
         peak_flops, (int, float)) or not peak_flops > 0:
       raise invalid_argument("peak_flops", "a positive number of FLOP/s",
@@ -85,8 +189,11 @@ class MFUMonitor(keras.callbacks.Callback):
     self.sample_batch = tuple(sample_batch)
     self.peak_spec = peak_flops
     self.log_every = log_every
+    self.measure_achievable = bool(measure_achievable)
     self.flops_per_step = None
     self.peak = None
+    self.peak_source = None
+    self.achievable_flops = None
     self.batch_size = int(np.shape(sample_batch[0])[0])
     self.step_times: list = []
     self.epoch_starts: list = []  # index into step_times of each epoch
@@ -103,8 +210,11 @@ class MFUMonitor(keras.callbacks.Callback):
     from tfopt.scale.flops import train_step_flops  # pylint: disable=import-outside-toplevel
     self.flops_per_step = train_step_flops(self.model,
                                            *self.sample_batch).total
-    self.peak = (measure_peak_flops() if self.peak_spec == "measure" else
-                 PEAK_FLOPS.get(self.peak_spec, self.peak_spec))
+    self.peak, self.peak_source = self._peak()
+    if self.measure_achievable or self.peak_spec == "measure":
+      self.achievable_flops = measure_peak_flops()
+      if self.peak_spec == "measure":
+        self.peak = self.achievable_flops
     self._train_start = time.perf_counter()
 
   def on_epoch_begin(self, epoch, logs=None):
@@ -132,6 +242,17 @@ class MFUMonitor(keras.callbacks.Callback):
 
   def on_train_end(self, logs=None):
     self._wall = time.perf_counter() - self._train_start
+
+  def _peak(self) -> tuple[float | None, str]:
+    spec = self.peak_spec
+    if spec == "measure":
+      return None, ("measured achievable (float32 matmuls on this machine; "
+                    "not the standard MFU)")
+    if spec == "auto":
+      return stated_peak(keras.config.dtype_policy().compute_dtype)
+    if spec in PEAK_FLOPS:
+      return PEAK_FLOPS[spec], f"datasheet: {spec}"
+    return float(spec), "stated by the user"
 
   def _mfu(self, times) -> float:
     return self.flops_per_step / statistics.median(times) / self.peak
@@ -166,7 +287,7 @@ class MFUMonitor(keras.callbacks.Callback):
         ax.axvline(start - 0.5, color="#cccccc", lw=0.8, ls="--")
     summary = self.summary()
     top.set_title(f"MFU {100 * summary['mfu']:.2f} % of {self.peak:.3g} "
-                  f"FLOP/s, {summary['samples_per_s']:.0f} samples/s "
+                  f"FLOP/s ({self.peak_source}), {summary['samples_per_s']:.0f} samples/s "
                   f"(dashed: epoch starts)", fontsize=9)
     fig.tight_layout()
     save_png(fig, path, overwrite=overwrite)
@@ -177,8 +298,13 @@ class MFUMonitor(keras.callbacks.Callback):
       raise RuntimeError("MFUMonitor.summary() needs a fit with at least two "
                          "batches in an epoch.")
     step = statistics.median(self.step_times)
+    achieved = self.flops_per_step / step
     return {"flops_per_step": self.flops_per_step, "peak_flops": self.peak,
-            "step_s": step, "mfu": self.flops_per_step / step / self.peak,
+            "peak_source": self.peak_source,
+            "step_s": step, "mfu": achieved / self.peak,
+            "achievable_flops": self.achievable_flops,
+            "mfu_of_achievable": (achieved / self.achievable_flops
+                                  if self.achievable_flops else None),
             "samples_per_s": self.batch_size / step,
             "goodput": (sum(self.step_times) / self._wall
                         if self._wall else None)}
