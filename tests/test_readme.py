@@ -132,6 +132,9 @@ def _check_output(command: str, out: str, seen: dict) -> None:
     assert "lost [], repeated []" in out, out[-2000:]
     if "--inject=kill" in command:
       assert "killed (worker 1)" in out, out[-2000:]
+      asked = re.search(r"--inject=kill:1:(\d+)", command).group(1)
+      assert (f"injected kill into worker 1 after step {asked} (asked: "
+              f"{asked}; raised by the worker)") in out, out[-2000:]
     shas = set(re.findall(r"weights sha256 (\w+)", out))
     assert len(shas) == 1, out[-2000:]
     seen.setdefault("sha", shas)

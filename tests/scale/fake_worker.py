@@ -32,6 +32,7 @@ def main(mode: str, steps: int) -> int:
     beat.begin_step()
     time.sleep(0.02)
     beat.end_step(step)
+    protocol.raise_fault_if_asked(step)
     if terminated:
       beat.stop()
       return protocol.PREEMPTED_EXIT

@@ -44,11 +44,18 @@ def test_goodput_accounts_for_startup_and_restarts(tmp_path):
 
 
 def test_summary_of_a_restarted_run(tmp_path):
+  # Consistent times: attempt 0 starts its steps at 110 and runs 40 of
+  # 0.5 s to 130 (killed after step 40, injected there by the worker
+  # itself); attempt 1 starts at 132, steps from 140 to 162.5. Wall 62.5 s
+  # = 40 s of kept steps + 18 s startup + 2 s restart + 2.5 s for the 5
+  # recomputed steps + 0.0 s other.
   attempts = [
       {"attempt": 0, "started": 100.0, "ended": 130.0, "first_step_s": 10.0,
        "resumed_from": None, "last_step": 40, "median_step_s": 0.5,
-       "failure": {"kind": "killed", "worker": 1, "detected_at": 129.0}},
-      {"attempt": 1, "started": 132.0, "ended": 162.0, "first_step_s": 8.0,
+       "failure": {"kind": "killed", "worker": 1, "detected_at": 130.0},
+       "faults": [{"kind": "kill", "worker": 1, "at_step": 40,
+                   "asked_step": 40, "by": "worker", "time": 130.0}]},
+      {"attempt": 1, "started": 132.0, "ended": 162.5, "first_step_s": 8.0,
        "resumed_from": 35, "last_step": 80, "median_step_s": 0.5,
        "failure": None}]
   (tmp_path / "steps").mkdir()
@@ -62,10 +69,12 @@ def test_summary_of_a_restarted_run(tmp_path):
   text = summary(LaunchResult(True, str(tmp_path), attempts)).splitlines()
   assert text == [
       "attempt 0: killed (worker 1), steps 0..40",
+      "  injected kill into worker 1 after step 40 (asked: 40; raised by "
+      "the worker)",
       "attempt 1: success, steps 35..80",
       "trajectory: 80 steps, lost [], repeated [], recomputed 5",
-      "goodput 0.65 of 62.0 s: startup 18.0 s, restart 3.0 s, recomputed "
-      "5 steps",
+      "goodput 64 % of 62.5 s wall: training 40.0 s + startup 18.0 s + "
+      "restart 2.0 s + recomputed 2.5 s (5 steps) + other 0.0 s",
       "worker 0: step 80, final loss 0.250000, weights sha256 "
       "abababababababab",
       "worker 1: step 80, final loss 0.250000, weights sha256 "
@@ -92,7 +101,10 @@ def test_signal_faults_are_detected_named_and_restarted(tmp_path, kind,
   assert result.ok
   assert _failures(result) == [(expected, 1)]
   fault = result.attempts[0]["faults"][0]
-  assert fault["worker"] == 1 and fault["at_step"] >= 5
+  # Raised by the worker itself right after the step asked for (the
+  # launcher's own signal, from the heartbeats, landed steps later).
+  assert fault["worker"] == 1 and fault["at_step"] == 5
+  assert fault["by"] == "worker" and fault["asked_step"] == 5
   detected = result.attempts[0]["failure"]["detected_at"] - fault["time"]
   # A kill is seen at the next poll; a stop when the beat is stale.
   assert detected < (0.5 if kind == "kill" else 2.5)

@@ -54,8 +54,7 @@ from tfopt._net import free_ports
 from tfopt.scale import heartbeat as hb
 from tfopt.scale import protocol as wk
 
-FAULTS = {"kill": signal.SIGKILL, "stop": signal.SIGSTOP,
-          "term": signal.SIGTERM}
+FAULTS = wk.FAULTS
 RECORD = "launch.json"
 
 _OOM = re.compile(r"ResourceExhaustedError|MemoryError|[Oo]ut of memory|OOM")
@@ -233,6 +232,10 @@ class _Attempt:
           wk.ENV_HEARTBEAT: str(cfg.heartbeat_s), "PYTHONUNBUFFERED": "1"})
       if cfg.collective_timeout_s:
         env[wk.ENV_TIMEOUT] = f"{cfg.collective_timeout_s:.1f}"
+      mine = [f"{f.kind}:{f.step}" for f in cfg.faults
+              if f.worker == w and f.attempt == self.index]
+      if mine:  # the worker raises them at the exact step
+        env[wk.ENV_FAULT] = ",".join(mine)
       log = os.path.join(log_dir, f"worker-{w}.log")
       self.logs.append(log)
       with open(log, "ab") as out:
@@ -241,17 +244,34 @@ class _Attempt:
             stdin=subprocess.DEVNULL, start_new_session=True))
 
   def _inject(self) -> None:
-    for fault in self.launcher.faults:
-      if fault.attempt != self.index or fault in self.launcher.injected:
+    """Records the faults workers raised on themselves at their step
+    (ENV_FAULT); a worker that passed the step without doing so does not
+    speak the protocol, and gets the signal from here, a step or more
+    late (`by` says which, `at_step` where it landed)."""
+    cfg = self.launcher
+    for fault in cfg.faults:
+      if fault.attempt != self.index or fault in cfg.injected:
         continue
-      beat = self.watch.beats.get(fault.worker)
-      if beat and beat["step"] >= fault.step and \
-          self.procs[fault.worker].poll() is None:
+      report = wk.fault_report_path(cfg.run_dir, self.index, fault.worker,
+                                    fault.step)
+      if os.path.exists(report):
+        with open(report, encoding="utf-8") as f:
+          landed = json.load(f)
+      else:
+        beat = self.watch.beats.get(fault.worker)
+        if not (beat and beat["step"] > fault.step and
+                self.procs[fault.worker].poll() is None):
+          continue
         os.kill(self.procs[fault.worker].pid, FAULTS[fault.kind])
-        self.launcher.injected.add(fault)
-        self.record["faults"].append({
-            "kind": fault.kind, "worker": fault.worker,
-            "at_step": beat["step"], "time": time.time()})
+        landed = {"kind": fault.kind, "worker": fault.worker,
+                  "at_step": beat["step"], "time": time.time(),
+                  "by": "launcher"}
+      cfg.injected.add(fault)
+      self.record["faults"].append(dict(landed, asked_step=fault.step))
+      # The worker reached that step (its heartbeat may not have said so
+      # before it died): the steps past the checkpoint are recomputed.
+      self.record["last_step"] = max(self.record["last_step"],
+                                     landed["at_step"])
 
   def run(self) -> dict | None:
     """Watches until all exit 0 (None) or a failure (returns it)."""
@@ -631,6 +651,25 @@ def run_and_report(command, workers: int, **kwargs) -> int:
   return wk.PREEMPTED_EXIT if result.preempted else 0
 
 
+def goodput_line(good: dict) -> str:
+  """The goodput as a percentage of the wall time, and where the wall time
+  went, in parts that add up to it ("other": checkpoints, evaluation, host
+  work and steps slower than the median).
+
+  >>> print(goodput_line({"goodput": 0.5, "wall_s": 10.0, "productive_s":
+  ...   5.0, "startup_s": 3.0, "restart_s": 1.0, "recomputed_steps": 4,
+  ...   "recomputed_s": 0.4}))
+  goodput 50 % of 10.0 s wall: training 5.0 s + startup 3.0 s + restart 1.0 s + recomputed 0.4 s (4 steps) + other 0.6 s
+  """
+  other = good["wall_s"] - (good["productive_s"] + good["startup_s"] +
+                            good["restart_s"] + good["recomputed_s"])
+  return (f"goodput {100 * good['goodput']:.0f} % of {good['wall_s']:.1f} s "
+          f"wall: training {good['productive_s']:.1f} s + startup "
+          f"{good['startup_s']:.1f} s + restart {good['restart_s']:.1f} s + "
+          f"recomputed {good['recomputed_s']:.1f} s "
+          f"({good['recomputed_steps']} steps) + other {other:.1f} s")
+
+
 def summary(result: LaunchResult) -> str:
   """Every attempt (failure kind and worker, steps), the stitched
   trajectory, the goodput, each worker's `final-worker-<i>.json` when the
@@ -643,6 +682,11 @@ def summary(result: LaunchResult) -> str:
             else "success")
     lines.append(f"attempt {rec['attempt']}: {what}, steps "
                  f"{rec['resumed_from'] or 0}..{rec['last_step']}")
+    for fault in rec.get("faults", ()):
+      lines.append(f"  injected {fault['kind']} into worker "
+                   f"{fault['worker']} after step {fault['at_step']} "
+                   f"(asked: {fault.get('asked_step', fault['at_step'])}; "
+                   f"raised by the {fault.get('by', 'launcher')})")
   if result.attempts:
     trajectory = result.trajectory()
     lines.append(f"trajectory: {trajectory['steps']} steps, lost "
@@ -650,10 +694,7 @@ def summary(result: LaunchResult) -> str:
                  f"recomputed {trajectory['recomputed']}")
     good = result.goodput()
     if good["goodput"] is not None:
-      lines.append(f"goodput {good['goodput']:.2f} of {good['wall_s']:.1f} "
-                   f"s: startup {good['startup_s']:.1f} s, restart "
-                   f"{good['restart_s']:.1f} s, recomputed "
-                   f"{good['recomputed_steps']} steps")
+      lines.append(goodput_line(good))
   finals = glob.glob(os.path.join(result.run_dir, "final-worker-*.json"))
   for path in sorted(finals, key=lambda p: int(re.findall(r"\d+", p)[-1])):
     with open(path, encoding="utf-8") as f:

@@ -1,6 +1,11 @@
 """What the launcher and its workers agree on: environment variable names,
-the control file and the preemption exit code. No TensorFlow here: the
-launcher imports only this."""
+the control file, the preemption exit code and injected faults. No
+TensorFlow here: the launcher imports only this."""
+
+import json
+import os
+import signal
+import time
 
 PREEMPTED_EXIT = 75  # EX_TEMPFAIL, "try again": the launcher restarts
 CONTROL = "control.json"  # {"attempt", "stop_at_step", "reason"}
@@ -11,3 +16,39 @@ ENV_WORKERS = "TFOPT_NUM_WORKERS"
 ENV_ATTEMPT = "TFOPT_ATTEMPT"
 ENV_TIMEOUT = "TFOPT_COLLECTIVE_TIMEOUT_S"
 ENV_HEARTBEAT = "TFOPT_HEARTBEAT_S"
+# "kind:step[,kind:step...]": faults this worker raises itself, each right
+# after that step (the launcher's --inject, delivered at the exact step).
+ENV_FAULT = "TFOPT_FAULT"
+
+FAULTS = {"kill": signal.SIGKILL, "stop": signal.SIGSTOP,
+          "term": signal.SIGTERM}
+
+
+def fault_report_path(run_dir: str, attempt: int, worker: int,
+                      step: int) -> str:
+  """Where a worker records a fault it raised on itself."""
+  return os.path.join(run_dir, "faults",
+                      f"attempt-{attempt}-worker-{worker}-step-{step}.json")
+
+
+def raise_fault_if_asked(step: int, environ=None) -> None:
+  """Called by a worker after each step: if the launcher asked for a fault
+  at `step` (ENV_FAULT), records where it landed and signals this process
+  (kill and stop take effect at once; term starts a preemption)."""
+  env = os.environ if environ is None else environ
+  text = env.get(ENV_FAULT)
+  if not text:
+    return
+  for item in text.split(","):
+    kind, at = item.split(":")
+    if int(at) != step:
+      continue
+    run_dir = env[ENV_RUN_DIR]
+    path = fault_report_path(run_dir, int(env[ENV_ATTEMPT]),
+                             int(env[ENV_WORKER]), step)
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    with open(path + ".tmp", "w", encoding="utf-8") as f:
+      json.dump({"kind": kind, "worker": int(env[ENV_WORKER]),
+                 "at_step": step, "time": time.time(), "by": "worker"}, f)
+    os.replace(path + ".tmp", path)  # the launcher reads it whole or not
+    os.kill(os.getpid(), FAULTS[kind])

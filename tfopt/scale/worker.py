@@ -41,7 +41,8 @@ from tfopt.scale import heartbeat as hb
 from tfopt.scale.checkpoint import TwoStageCheckpointer
 from tfopt.scale.protocol import (CONTROL, ENV_ATTEMPT, ENV_HEARTBEAT,
                                   ENV_RUN_DIR, ENV_TIMEOUT, ENV_WORKER,
-                                  ENV_WORKERS, PREEMPTED_EXIT)
+                                  ENV_WORKERS, PREEMPTED_EXIT,
+                                  raise_fault_if_asked)
 
 
 
@@ -219,6 +220,9 @@ class _Progress(keras.callbacks.Callback):
     if stop:
       self.preempted = True
       self.model.stop_training = True
+    # Last: a fault the launcher asked for at this step (--inject) lands
+    # here, after the step and its checkpoint, as a crash would.
+    raise_fault_if_asked(self.global_step)
 
 
 class _StepBegin(keras.callbacks.Callback):
