@@ -7,7 +7,10 @@ and "trains" STEPS steps of 20 ms. MODE: ok; import_error (fails before
 any step); exit3 (exits with 3 after step 5); stall (stops stepping after
 step 5, keeps beating: alive but stuck); port (prints TensorFlow's bind
 error and exits 1 after step 1); oom (prints TensorFlow's OOM error and
-exits 1 at step 3). Every mode exits 75 on SIGTERM (a preemption).
+exits 1 at step 3); slow_epoch_end (after step 10 of the first attempt: a
+validation pass of 3 s, then a checkpoint of 3 s, beating those phases);
+hung_validation (after step 10 of the first attempt: "validation" that
+never ends). Every mode exits 75 on SIGTERM (a preemption).
 """
 
 import os
@@ -54,6 +57,15 @@ def main(mode: str, steps: int) -> int:
     if mode == "stall" and step == 5 and attempt == 0:
       while True:
         time.sleep(1)
+    if mode in ("slow_epoch_end", "hung_validation") and step == 10 and \
+        attempt == 0:
+      beat.set_phase("validation")
+      while mode == "hung_validation":
+        time.sleep(1)
+      time.sleep(3.0)
+      beat.set_phase("checkpoint")
+      time.sleep(3.0)
+      beat.set_phase("host")
   beat.stop()
   return 0
 

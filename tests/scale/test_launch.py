@@ -123,6 +123,35 @@ def test_alive_but_stuck_worker_is_named(tmp_path):
   assert "phase host" in result.attempts[0]["failure"]["detail"]
 
 
+def test_slow_validation_and_checkpoint_are_not_taken_for_a_hang(tmp_path):
+  # After step 10 both workers validate for 3 s, then checkpoint for 3 s:
+  # each phase 3x the 1 s stuck threshold without a step. The heartbeats
+  # name the phases, judged by their own budgets: never restarted.
+  result = launch([FAKE, "slow_epoch_end", "20"], workers=2,
+                  run_dir=tmp_path, **FAST)
+  assert result.ok and len(result.attempts) == 1, _failures(result)
+  # The same job under the step-time rule alone (budgets shorter than the
+  # work) is restarted: the budgets are what saved it.
+  tight = launch([FAKE, "slow_epoch_end", "20"], workers=2,
+                 run_dir=tmp_path / "tight",
+                 phase_budget_s={"validation": 1.0, "checkpoint": 1.0},
+                 **FAST)
+  assert tight.ok and _failures(tight)[0][0] == "stuck"
+  assert "phase validation" in tight.attempts[0]["failure"]["detail"]
+
+
+def test_a_validation_past_its_budget_is_stuck(tmp_path):
+  result = launch([FAKE, "hung_validation", "20"], workers=2,
+                  run_dir=tmp_path, phase_budget_s={"validation": 2.0},
+                  **FAST)
+  assert result.ok
+  (kind, _), = _failures(result)
+  assert kind == "stuck"
+  assert "phase validation" in result.attempts[0]["failure"]["detail"]
+  with pytest.raises(ValueError, match="phase_budget_s\\['validation'\\]"):
+    launch([FAKE, "ok"], workers=1, phase_budget_s={"validation": 0})
+
+
 def test_import_error_is_not_restarted(tmp_path):
   with pytest.raises(LaunchError, match="(?s)before its first step.*not "
                      "restarting.*not_a_module") as err:

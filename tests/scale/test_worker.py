@@ -172,3 +172,30 @@ def test_a_stop_step_that_cannot_be_shared_is_logged(tmp_path, caplog):
   assert preemption.check(7)
   assert any("could not tell its peers to stop at step 7" in r.getMessage()
              for r in caplog.records)
+
+
+def test_validation_runs_each_epoch_and_beats_its_phase(tmp_path):
+  # worker.fit evaluates validation_data at each epoch's end, as Keras does,
+  # and the heartbeat says "validation" meanwhile (the launcher gives that
+  # phase its own budget).
+  from tfopt.scale import heartbeat
+  phases = []
+
+  class ReadBeat(keras.callbacks.Callback):
+    def on_test_batch_end(self, batch, logs=None):
+      if batch == 0:
+        import time
+        time.sleep(0.3)  # a few beats of 0.05 s
+        phases.append(heartbeat.read(str(tmp_path / "heartbeats"), 0)
+                      ["phase"])
+
+  env = worker.WorkerEnv(run_dir=str(tmp_path), heartbeat_s=0.05)
+  val = tf.data.Dataset.from_tensor_slices((X[:32], Y[:32])).batch(8)
+  result = worker.fit(_model(), dataset_fn, epochs=2, steps_per_epoch=6,
+                      env=env, callbacks=[ReadBeat()], validation_data=val,
+                      validation_steps=2)
+  assert phases == ["validation", "validation"]
+  assert len(result.history["val_loss"]) == 2
+  with pytest.raises(ValueError, match="Argument `validation_steps`"):
+    worker.fit(_model(), dataset_fn, epochs=1, steps_per_epoch=2, env=env,
+               validation_data=val, validation_steps=0)

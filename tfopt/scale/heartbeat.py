@@ -12,7 +12,10 @@ tells three situations apart (`assess`):
 - **lost**: the file stopped changing (process stopped, e.g. SIGSTOP, or
   wedged entirely): no beat for `timeout_s`;
 - **stuck**: beats arrive, but no worker's step advanced for `stuck_s`
-  (k x the median step time, with a floor). In synchronous training one
+  (k x the median step time, with a floor) -- unless the workers are in a
+  phase of epoch-end work (validation, checkpoint, restore), which is
+  judged by that phase's own budget (`PHASE_BUDGET_S`) instead: a slow
+  validation pass or checkpoint is not a hang. In synchronous training one
   stuck worker stalls everyone, since the others wait inside the
   collective, so the report names the culprit: the worker longest in the
   host phase (outside the compiled step) or, when all wait inside a step,
@@ -35,6 +38,11 @@ import time
 from tfopt._errors import invalid_argument
 
 FORMAT = "tfopt.scale.heartbeat/1"
+
+# Seconds a worker may spend in each phase of non-step work before it is
+# taken for stuck (the step-time rule does not apply while it is there).
+PHASE_BUDGET_S = {"validation": 600.0, "checkpoint": 300.0,
+                  "restore": 300.0}
 
 
 def path_for(directory: str, worker: int) -> str:
@@ -154,17 +162,25 @@ class ProgressWatch:
     timeout_s: a beat older than this (while the process runs) is lost.
     stuck_factor: stuck after this many median step times without progress.
     min_stuck_s: but never sooner than this (the first steps compile).
+    phase_budget_s: {phase: seconds} for epoch-end work (default
+      `PHASE_BUDGET_S`; given entries replace those phases' budgets).
   """
 
   def __init__(self, directory: str, workers: int, timeout_s: float = 5.0,
                stuck_factor: float = 10.0, min_stuck_s: float = 10.0,
-               attempt: int = 0):
+               attempt: int = 0, phase_budget_s=None):
     self.directory = os.fspath(directory)
     self.workers = workers
     self.timeout_s = timeout_s
     self.stuck_factor = stuck_factor
     self.min_stuck_s = min_stuck_s
     self.attempt = attempt
+    self.phase_budget_s = {**PHASE_BUDGET_S, **dict(phase_budget_s or {})}
+    for phase, budget in self.phase_budget_s.items():
+      if isinstance(budget, bool) or not isinstance(budget, (int, float)) \
+          or not budget > 0:
+        raise invalid_argument(f"phase_budget_s[{phase!r}]",
+                               "a positive number of seconds", budget)
     self._best_step = -1
     self._progress_time = time.time()
     self.beats: dict = {}
@@ -209,8 +225,16 @@ class ProgressWatch:
     if stalled > self.stuck_after_s():
       alive = {w: b for w, b in present.items()
                if w in running and w not in done}
-      return Assessment("stuck", _culprit(alive or present, now), report,
-                        stalled)
+      # Epoch-end work beats with its phase: judged by its own budget.
+      busy = {w: now - b["phase_since"] for w, b in alive.items()
+              if b["phase"] in self.phase_budget_s}
+      over = [w for w, spent in busy.items()
+              if spent > self.phase_budget_s[alive[w]["phase"]]]
+      if busy and not over:
+        return Assessment("ok", None, report, stalled)
+      culprit = (max(over, key=lambda w: (busy[w], -w)) if over
+                 else _culprit(alive or present, now))
+      return Assessment("stuck", culprit, report, stalled)
     return Assessment("ok", None, report, stalled)
 
   def max_step(self) -> int:

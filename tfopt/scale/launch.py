@@ -220,7 +220,8 @@ class _Attempt:
     self.watch = hb.ProgressWatch(
         os.path.join(cfg.run_dir, "heartbeats"), cfg.workers,
         timeout_s=cfg.heartbeat_timeout_s, stuck_factor=cfg.stuck_factor,
-        min_stuck_s=cfg.min_stuck_s, attempt=self.index)
+        min_stuck_s=cfg.min_stuck_s, attempt=self.index,
+        phase_budget_s=cfg.phase_budget_s)
     for w in range(cfg.workers):
       env = dict(os.environ)
       env.update(cfg.env)
@@ -408,7 +409,7 @@ class Launcher:
                heartbeat_timeout_s=5.0, stuck_factor=10.0, min_stuck_s=10.0,
                startup_timeout_s=300.0, collective_timeout_factor=20.0,
                min_collective_timeout_s=30.0, faults=(), ports=None,
-               env=None, poll_s=0.05):
+               env=None, poll_s=0.05, phase_budget_s=None):
     if isinstance(workers, bool) or not isinstance(workers, int) or \
         workers < 1:
       raise invalid_argument("workers", "a positive integer", workers)
@@ -474,6 +475,10 @@ class Launcher:
     self.collective_timeout_s = None
     self.faults = faults
     self.injected: set = set()
+    # Checked here (bad input before anything starts), used by each watch.
+    self.phase_budget_s = hb.ProgressWatch(
+        tempfile.gettempdir(), 1, phase_budget_s=phase_budget_s
+    ).phase_budget_s
     self.ports = ports
     self.env = {str(k): str(v) for k, v in (env or {}).items()}
     self.poll_s = float(poll_s)
@@ -597,7 +602,9 @@ def launch(command, workers: int, **kwargs) -> LaunchResult:
   max_restarts (3), backoff_s (1.0, doubled per attempt without progress,
   capped at backoff_max_s 30), heartbeat_s (0.5), heartbeat_timeout_s
   (5.0), stuck_factor (10 median step times) and min_stuck_s (10),
-  startup_timeout_s (300), collective_timeout_factor (20 median step times,
+  phase_budget_s ({phase: seconds} for epoch-end work the heartbeats name:
+  validation 600, checkpoint 300, restore 300, where the step-time rule
+  does not apply), startup_timeout_s (300), collective_timeout_factor (20 median step times,
   at least min_collective_timeout_s 30) for later attempts, faults
   (Fault or 'kind:worker:step[:attempt]' strings), ports (fixed ports for
   the first attempt), env (extra environment variables)."""

@@ -239,6 +239,14 @@ class _StepBegin(keras.callbacks.Callback):
   def on_train_batch_begin(self, batch, logs=None):
     self.beat.begin_step()
 
+  # Keras evaluates validation_data at the epoch's end: a phase of its own,
+  # with its own budget on the launcher's side (not a hang).
+  def on_test_begin(self, logs=None):
+    self.beat.set_phase("validation")
+
+  def on_test_end(self, logs=None):
+    self.beat.set_phase("host")
+
 
 @dataclasses.dataclass
 class FitResult:
@@ -254,7 +262,8 @@ class FitResult:
 def fit(model, dataset_fn, *, epochs: int, steps_per_epoch: int,
         checkpoint_dir: str | None = None, checkpoint_every: int = 50,
         callbacks=(), env: WorkerEnv | None = None, verbose: int = 0,
-        exit_on_preemption: bool = True) -> FitResult:
+        exit_on_preemption: bool = True, validation_data=None,
+        validation_steps: int | None = None) -> FitResult:
   """Resumable `model.fit` for launched jobs (see the module doc).
 
   Args:
@@ -269,44 +278,21 @@ def fit(model, dataset_fn, *, epochs: int, steps_per_epoch: int,
     checkpoint_dir: two-stage checkpoints (default `<run_dir>/checkpoints`
       when launched; None standalone means no checkpoints).
     checkpoint_every: steps between checkpoints.
+    validation_data, validation_steps: evaluated at each epoch's end, as
+      Keras' fit does; the heartbeat says "validation" meanwhile, which the
+      launcher gives its own budget (`phase_budget_s`).
   """
-  check_positive_int("epochs", epochs)
-  check_positive_int("steps_per_epoch", steps_per_epoch)
-  check_positive_int("checkpoint_every", checkpoint_every)
-  if not callable(dataset_fn):
-    raise invalid_argument("dataset_fn", "a function epoch -> "
-                           "tf.data.Dataset", type(dataset_fn).__name__)
-  if getattr(model, "steps_per_execution", 1) != 1:
-    raise invalid_argument("model", "compiled with steps_per_execution=1 "
-                           "(heartbeats, checkpoints and preemption count "
-                           "single steps)", model.steps_per_execution)
+  _check_fit_arguments(model, dataset_fn, epochs, steps_per_epoch,
+                       checkpoint_every, validation_steps)
   env = env or WorkerEnv.from_environ()
   if checkpoint_dir is None and env.run_dir:
     checkpoint_dir = os.path.join(env.run_dir, "checkpoints")
   checkpointer = (TwoStageCheckpointer(checkpoint_dir, model,
                                        is_chief=env.is_chief)
                   if checkpoint_dir else None)
-  beat = None
-  steps_log = None
-  if env.run_dir:
-    beat = hb.HeartbeatWriter(os.path.join(env.run_dir, "heartbeats"),
-                              env.worker, env.heartbeat_s, env.attempt)
-    os.makedirs(os.path.join(env.run_dir, "steps"), exist_ok=True)
-    steps_log = open(os.path.join(env.run_dir, "steps",  # pylint: disable=consider-using-with
-                                  f"worker-{env.worker}.jsonl"), "a",
-                     encoding="utf-8")
-  start_epoch, skip, start_step = 0, 0, 0
-  if checkpointer:
-    if beat:
-      beat.set_phase("restore")
-    scope = getattr(model, "distribute_strategy", None)
-    with scope.scope() if scope is not None else contextlib.nullcontext():
-      restored = checkpointer.restore()
-    if restored is not None:
-      start_step = restored.step
-      start_epoch, skip = restored.epoch, restored.step_in_epoch
-      if skip >= steps_per_epoch:
-        start_epoch, skip = start_epoch + 1, 0
+  beat, steps_log = _run_files(env)
+  start_epoch, skip, start_step = _restore(model, checkpointer, beat,
+                                           steps_per_epoch)
   preemption = _Preemption(env, resumed_from=start_step)
   progress = _Progress(env, beat, checkpointer, preemption, checkpoint_every,
                        steps_log)
@@ -316,35 +302,19 @@ def fit(model, dataset_fn, *, epochs: int, steps_per_epoch: int,
     beat.set_phase("host")
     beat.start()
   preemption.install()
-  begin = [_StepBegin(beat)] if beat else []
-  history: dict = {}
   # Callbacks with an end-of-run report (StragglerMonitor) write it once,
   # after the last segment, not at every segment's on_train_end.
   finishers = [cb for cb in callbacks if hasattr(cb, "finish_run")]
   for cb in finishers:
     cb.final_segment = False
   try:
-    for epoch in range(start_epoch, epochs):
-      offset = skip if epoch == start_epoch else 0
-      steps = steps_per_epoch - offset
-      dataset = dataset_fn(epoch)
-      if offset:
-        dataset = dataset.skip(offset)
-      progress.offset = offset
-      h = model.fit(dataset.take(steps), initial_epoch=epoch,
-                    epochs=epoch + 1, steps_per_epoch=steps,
-                    callbacks=[progress, *callbacks, *begin],
-                    verbose=verbose)
-      for key, values in h.history.items():
-        history.setdefault(key, []).extend(values)
-      if progress.preempted:
-        break
-    if checkpointer:
-      if not progress.preempted and progress.global_step > start_step and \
-          progress.global_step % checkpoint_every:
-        checkpointer.save(progress.global_step, progress.epoch,
-                          progress.in_epoch, blocking=True)
-      checkpointer.wait()
+    history = _train_epochs(
+        model, dataset_fn, progress,
+        [progress, *callbacks, *([_StepBegin(beat)] if beat else [])],
+        range(start_epoch, epochs), skip, steps_per_epoch, verbose,
+        {"validation_data": validation_data,
+         "validation_steps": validation_steps})
+    _final_checkpoint(checkpointer, progress, start_step, checkpoint_every)
   finally:
     for cb in finishers:
       cb.final_segment = True  # also after an exception: plain fit again
@@ -365,3 +335,84 @@ def fit(model, dataset_fn, *, epochs: int, steps_per_epoch: int,
     sys.exit(PREEMPTED_EXIT)
   return result
 
+
+def _check_fit_arguments(model, dataset_fn, epochs, steps_per_epoch,
+                         checkpoint_every, validation_steps) -> None:
+  check_positive_int("epochs", epochs)
+  check_positive_int("steps_per_epoch", steps_per_epoch)
+  check_positive_int("checkpoint_every", checkpoint_every)
+  if validation_steps is not None:
+    check_positive_int("validation_steps", validation_steps)
+  if not callable(dataset_fn):
+    raise invalid_argument("dataset_fn", "a function epoch -> "
+                           "tf.data.Dataset", type(dataset_fn).__name__)
+  if getattr(model, "steps_per_execution", 1) != 1:
+    raise invalid_argument("model", "compiled with steps_per_execution=1 "
+                           "(heartbeats, checkpoints and preemption count "
+                           "single steps)", model.steps_per_execution)
+
+
+def _run_files(env):
+  """The heartbeat writer and the step log of a launched worker (None,
+  None standalone)."""
+  if not env.run_dir:
+    return None, None
+  beat = hb.HeartbeatWriter(os.path.join(env.run_dir, "heartbeats"),
+                            env.worker, env.heartbeat_s, env.attempt)
+  os.makedirs(os.path.join(env.run_dir, "steps"), exist_ok=True)
+  steps_log = open(os.path.join(env.run_dir, "steps",  # pylint: disable=consider-using-with
+                                f"worker-{env.worker}.jsonl"), "a",
+                   encoding="utf-8")
+  return beat, steps_log
+
+
+def _restore(model, checkpointer, beat, steps_per_epoch):
+  """(epoch, batches to skip in it, global step) to start from: the newest
+  whole checkpoint's, or the beginning."""
+  if not checkpointer:
+    return 0, 0, 0
+  if beat:
+    beat.set_phase("restore")
+  scope = getattr(model, "distribute_strategy", None)
+  with scope.scope() if scope is not None else contextlib.nullcontext():
+    restored = checkpointer.restore()
+  if restored is None:
+    return 0, 0, 0
+  epoch, skip = restored.epoch, restored.step_in_epoch
+  if skip >= steps_per_epoch:
+    epoch, skip = epoch + 1, 0
+  return epoch, skip, restored.step
+
+
+def _train_epochs(model, dataset_fn, progress, callbacks, epochs, skip,
+                  steps_per_epoch, verbose, validation) -> dict:
+  """One `model.fit` per epoch (the first resumed `skip` batches in), until
+  the last or a preemption; the merged history."""
+  history: dict = {}
+  for epoch in epochs:
+    offset = skip if epoch == epochs.start else 0
+    steps = steps_per_epoch - offset
+    dataset = dataset_fn(epoch)
+    if offset:
+      dataset = dataset.skip(offset)
+    progress.offset = offset
+    h = model.fit(dataset.take(steps), initial_epoch=epoch,
+                  epochs=epoch + 1, steps_per_epoch=steps,
+                  callbacks=callbacks, verbose=verbose, **validation)
+    for key, values in h.history.items():
+      history.setdefault(key, []).extend(values)
+    if progress.preempted:
+      break
+  return history
+
+
+def _final_checkpoint(checkpointer, progress, start_step, every) -> None:
+  """The last steps saved (unless a checkpoint already holds them or the
+  run was preempted, which saved at its stop step), and every save done."""
+  if not checkpointer:
+    return
+  if not progress.preempted and progress.global_step > start_step and \
+      progress.global_step % every:
+    checkpointer.save(progress.global_step, progress.epoch,
+                      progress.in_epoch, blocking=True)
+  checkpointer.wait()
