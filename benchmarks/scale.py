@@ -28,8 +28,10 @@
   and whether the final model is bit for bit the unfaulted run's.
 - stragglers: the same job (120 steps, phases exchanged every 10 steps)
   with no delay, +10 ms, +30 % and +100 ms of host time per step on
-  worker 1: the fraction of exchanges that name worker 1 (detection rate),
-  that name worker 0 (false alarms), and the first naming (latency).
+  worker 1, and +10 %, +30 % and +100 % of the healthy step time as real
+  compute inside worker 1's step (named from the step's own timestamps):
+  the fraction of exchanges that name worker 1 (detection rate), that name
+  worker 0 (false alarms), and the first naming (latency).
 
 Prints a table and writes benchmarks/results/scale.json.
 """
@@ -259,33 +261,60 @@ def faults_part():
           "records": records}
 
 
-def stragglers_part():
+def _straggler_run(root, label, extra):
+  """One 2-worker run of the straggler job; (reports, start time, median
+  in-step seconds of worker 0)."""
   from tfopt.scale.launch import launch  # pylint: disable=import-outside-toplevel
+  run_dir = os.path.join(root, label.replace(" ", "_").replace("%", "pct"))
+  launch([SCRIPT, "--epochs=3", "--steps_per_epoch=40", "--stragglers",
+          "--exchange_every=10", *extra], workers=2, run_dir=run_dir)
+  with open(os.path.join(run_dir, "phases", "reports.jsonl"),
+            encoding="utf-8") as f:
+    reports = [json.loads(line) for line in f]
+  with open(os.path.join(run_dir, "phases", "worker-0.jsonl"),
+            encoding="utf-8") as f:
+    records = [json.loads(line) for line in f]
+  return (reports, records[0]["begin"],
+          statistics.median(r["in_step"] for r in records))
+
+
+def _straggler_row(label, side, reports, start):
+  """Detection of worker 1 by the host-gap (`side` "host") or the in-step
+  compute (`side` "compute") scores; false alarms on worker 0 by either."""
+  field = "stragglers" if side == "host" else "compute_stragglers"
+  late = "late_ms" if side == "host" else "compute_late_ms"
+  named = [r for r in reports if r[field] == [1]]
+  return {
+      "delay": label, "side": side, "exchanges": len(reports),
+      "detection_rate": len(named) / len(reports),
+      "false_alarm_rate": sum(0 in r["stragglers"] or
+                              0 in r.get("compute_stragglers", [])
+                              for r in reports) / len(reports),
+      "first_detection_step": named[0]["step"] + 1 if named else None,
+      "first_detection_s": named[0]["time"] - start if named else None,
+      "median_late_ms": statistics.median(r[late][1] for r in reports)}
+
+
+def stragglers_part():
+  """Host-side rows (a delay before worker 1's steps) and compute-side rows
+  (extra real compute inside worker 1's step, as a share of the healthy
+  step time measured in the first run)."""
   root = tempfile.mkdtemp(prefix="tfopt-bench-stragglers-")
-  rows = []
-  for delay in _progress([None, "1:10", "1:30%", "1:100"], "stragglers"):
-    run_dir = os.path.join(root, str(delay).replace(":", "_").replace(
-        "%", "pct"))
-    extra = [f"--delay_ms={delay}"] if delay else []
-    launch([SCRIPT, "--epochs=3", "--steps_per_epoch=40", "--stragglers",
-            "--exchange_every=10", *extra], workers=2, run_dir=run_dir)
-    with open(os.path.join(run_dir, "phases", "reports.jsonl"),
-              encoding="utf-8") as f:
-      reports = [json.loads(line) for line in f]
-    with open(os.path.join(run_dir, "phases", "worker-0.jsonl"),
-              encoding="utf-8") as f:
-      start = json.loads(f.readline())["begin"]
-    named = [r for r in reports if r["stragglers"] == [1]]
-    rows.append({
-        "delay": delay or "none", "exchanges": len(reports),
-        "detection_rate": len(named) / len(reports),
-        "false_alarm_rate": sum(0 in r["stragglers"] for r in reports) /
-                            len(reports),
-        "first_detection_step": named[0]["step"] + 1 if named else None,
-        "first_detection_s": named[0]["time"] - start if named else None,
-        "median_late_ms": statistics.median(r["late_ms"][1]
-                                            for r in reports)})
-  return {"rows": rows, "exchange_every": 10, "steps": 120}
+  reports, start, healthy_s = _straggler_run(root, "none", [])
+  rows = [_straggler_row("none", "host", reports, start),
+          _straggler_row("none", "compute", reports, start)]
+  runs = [("+10 ms host", "host", ["--delay_ms=1:10"]),
+          ("+30 % host", "host", ["--delay_ms=1:30%"]),
+          ("+100 ms host", "host", ["--delay_ms=1:100"])]
+  for pct in (10, 30, 100):
+    ms = pct / 100 * healthy_s * 1e3
+    runs.append((f"+{pct} % compute", "compute",
+                 [f"--extra_compute=1:{ms:.2f}"]))
+  for label, side, extra in _progress(runs, "stragglers"):
+    reports, start, _ = _straggler_run(root, label, extra)
+    rows.append(_straggler_row(label, side, reports, start))
+  return {"rows": rows, "exchange_every": 10, "steps": 120,
+          "healthy_step_ms": healthy_s * 1e3}
 
 
 def _progress(items, title):
@@ -350,13 +379,15 @@ def _print(result):
             f"{r['steps_lost']:4d} {r['steps_recomputed']:6d} "
             f"{r['final_loss_matches']}")
   if result.get("stragglers"):
-    print("straggler detection (worker 1 delayed, exchange every 10 of 120 "
-          "steps):")
+    print("straggler detection (worker 1 slowed, exchange every 10 of 120 "
+          f"steps; healthy step "
+          f"{result['stragglers'].get('healthy_step_ms', 0):.1f} ms):")
     for r in result["stragglers"]["rows"]:
       first = ("never" if r["first_detection_step"] is None else
                f"step {r['first_detection_step']} "
                f"({r['first_detection_s']:.2f} s)")
-      print(f"  {r['delay']:>6s}: rate {r['detection_rate']:.2f}, false "
+      print(f"  {r['delay']:>15s} ({r.get('side', 'host')} scores): rate "
+            f"{r['detection_rate']:.2f}, false "
             f"alarms {r['false_alarm_rate']:.2f}, first {first}, median "
             f"{r['median_late_ms']:.1f} ms late")
 

@@ -15,8 +15,13 @@ as one process (worker 0 of 1; `--run_dir` then holds its files).
 Test hooks (all default off): `--stuck=W:S` makes worker W hang before
 step S of the first attempt (alive, heartbeating, not training), and
 `--delay_ms=W:MS` (or `W:PCT%`) adds host time before every step of worker
-W (a straggler). `--stragglers` records step phases and exchanges them
-every `--exchange_every` steps (`tfopt.scale.stragglers.StragglerMonitor`).
+W (a straggler). `--extra_compute=W:MS` makes worker W's compiled step do
+about MS ms more real compute (a chain of matmuls inside the step, ahead of
+the forward pass; its result enters the batch as an exact zero, so the
+weights stay those of a healthy run): a compute-side straggler, invisible
+to the host clock. `--stragglers` records step phases (and each step's
+compute and sync time, timed inside it) and exchanges them every
+`--exchange_every` steps (`tfopt.scale.stragglers.StragglerMonitor`).
 """
 
 from __future__ import annotations
@@ -42,6 +47,8 @@ flags.DEFINE_string("stuck", None, "W:S: worker W hangs before step S "
                     "(first attempt only).")
 flags.DEFINE_string("delay_ms", None, "W:MS or W:PCT%: extra host time per "
                     "step on worker W.")
+flags.DEFINE_string("extra_compute", None, "W:MS: about MS ms of extra "
+                    "compute inside every step of worker W.")
 flags.DEFINE_bool("stragglers", False, "Record and exchange step phases.")
 flags.DEFINE_integer("exchange_every", 10, "Steps between exchanges.")
 
@@ -108,6 +115,43 @@ class _Hooks:
     self.callback = Callback()
 
 
+def _matmuls_for_ms(tf, ms: float) -> int:
+  """How many chained 256 x 256 matmuls take about `ms` here (timed)."""
+  a = tf.random.normal((256, 256), seed=1) / 16.0
+
+  @tf.function
+  def chain(x, n):
+    for _ in tf.range(n):
+      x = tf.linalg.matmul(x, a)
+    return tf.reduce_sum(x)
+
+  chain(a, tf.constant(10)).numpy()
+  best = float("inf")
+  for _ in range(5):
+    start = time.perf_counter()
+    chain(a, tf.constant(50)).numpy()
+    best = min(best, (time.perf_counter() - start) / 50)
+  return max(1, round(ms / 1e3 / best))
+
+
+def _with_extra_compute(tf, model, matmuls: int) -> None:
+  """Worker W's step does `matmuls` chained matmuls before its forward
+  pass; the batch gets 0 x their finite sum, so nothing else changes."""
+  a = tf.random.normal((256, 256), seed=1) / 16.0
+  train_step = model.train_step
+
+  def slower_step(data):
+    # tf.while_loop: Keras traces the step without autograph.
+    _, x = tf.while_loop(lambda i, x: i < matmuls,
+                         lambda i, x: (i + 1, tf.linalg.matmul(x, a)),
+                         (tf.constant(0), a))
+    zero = tf.cast(0.0 * tf.reduce_sum(x), tf.float32)
+    features, labels = data
+    return train_step((features + zero, labels))
+
+  model.train_step = slower_step
+
+
 def main(argv):
   del argv
   import numpy as np  # pylint: disable=import-outside-toplevel
@@ -130,6 +174,10 @@ def main(argv):
         keras.layers.Dense(FLAGS.width, activation="relu"),
         keras.layers.Dense(1)])
     model.compile(optimizer=keras.optimizers.Adam(1e-3), loss="mse")
+  if FLAGS.extra_compute:
+    who, ms = FLAGS.extra_compute.split(":")
+    if int(who) == env.worker:
+      _with_extra_compute(tf, model, _matmuls_for_ms(tf, float(ms)))
   callbacks = [_Hooks(keras, env).callback]
   if FLAGS.stragglers and env.run_dir:
     from tfopt.scale.stragglers import StragglerMonitor  # pylint: disable=import-outside-toplevel

@@ -5,7 +5,11 @@ the launcher (experiments/scale_train.py, no dropout, fixed seeds):
 - kill -9 of a random worker at a random step, SIGSTOP, an alive-but-stuck
   worker and SIGTERM: each detected and named, the job restarted, and the
   final model bit for bit the unfaulted one, with no step lost or repeated;
-- a +100 ms host delay on worker 1 flagged as the straggler, never worker 0.
+- a +100 ms host delay on worker 1 flagged as the straggler, never worker 0
+  (and not as a compute straggler);
+- +30 ms of real compute inside worker 1's step (invisible to the host
+  clock) named from the step's own timestamps in every exchange, never
+  worker 0, with the weights of the healthy run.
 """
 
 import json
@@ -71,6 +75,8 @@ def test_slow_host_is_flagged_as_the_straggler(clean):
   assert len(reports) >= 5
   assert all(r["stragglers"] == [1] for r in reports)
   assert all(80 < r["late_ms"][1] < 200 for r in reports)
+  # Its compute is as fast as worker 0's: not a compute straggler.
+  assert all(r["compute_stragglers"] == [] for r in reports)
   assert os.path.exists(os.path.join(clean.run_dir, "phases", "trace.json"))
 
 
@@ -90,6 +96,26 @@ def _faulted(clean, tmp_path, extra=(), faults=()):
       [reference[s] for s in range(1, 61)], rtol=0, atol=1e-5)
   return [(a["failure"]["kind"], a["failure"]["worker"])
           for a in result.attempts if a["failure"]]
+
+
+def test_slow_compute_is_named_from_inside_the_step(clean, tmp_path):
+  result = launch([SCRIPT, *FLAGS, "--stragglers", "--extra_compute=1:30",
+                   "--exchange_every=10"], workers=2, run_dir=tmp_path,
+                  **WATCH)
+  assert result.ok and len(result.attempts) == 1
+  with open(tmp_path / "phases" / "reports.jsonl") as f:
+    reports = [json.loads(line) for line in f]
+  assert len(reports) >= 5
+  # Named in every exchange, never the healthy worker; the host clock
+  # alone sees no straggler (both workers' steps take the slow one's time).
+  assert all(r["compute_stragglers"] == [1] for r in reports), reports
+  assert all(1 not in r["stragglers"] for r in reports)
+  # Worker 1 computes ~30 ms longer; worker 0 waits that long in the sync.
+  assert all(20 < r["compute_late_ms"][1] < 60 for r in reports)
+  assert all(r["sync_ms"][0] > r["sync_ms"][1] + 15 for r in reports)
+  # Real compute, not a change of the math: the healthy run's weights.
+  assert _final(tmp_path)["weights_sha256"] == \
+      _final(clean.run_dir)["weights_sha256"]
 
 
 def test_kill_of_a_random_worker_at_a_random_step(clean, tmp_path):

@@ -10,8 +10,21 @@ blames the *healthy* workers (they wait longest inside the collective).
 The straggler is the worker whose **host gap** (or, for a slow device, the
 compute before the collective) is long: it arrives late.
 
-`StepPhaseRecorder` (a Keras callback) records (step, host gap, in-step)
-per batch, with wall-clock begin times; `chrome_trace` merges several
+A worker whose *compute* is slow (a slower core, a throttled machine)
+arrives late at the collective too, but inside the step, where the host
+clock cannot see it: every worker's in-step time is the slowest's. So, as
+MegaScale times compute and communication per rank, `time_step_phases`
+puts `tf.timestamp()` ops into the compiled step itself -- at its start,
+once the gradients exist (before the optimizer's all-reduce) and at its
+end -- and the recorder reads them back per step: **compute** (forward and
+backward) and **sync** (all-reduce wait, update, metrics). The slow worker
+has the long compute and the short wait; the healthy ones wait for it.
+`detect(compute, sync)` scores compute lateness the way it scores host
+gaps.
+
+`StepPhaseRecorder` (a Keras callback) records (step, host gap, in-step,
+and with `time_compute` compute and sync) per batch, with wall-clock begin
+times; `chrome_trace` merges several
 workers' records into one Chrome trace JSON (chrome://tracing, Perfetto,
 TensorBoard's trace viewer), one row per worker. `detect(host_gap, in_step)` takes [workers, steps] arrays and
 scores each worker per step:
@@ -79,24 +92,103 @@ def detect(host_gap, in_step, threshold_s: float = 0.002,
                          median_step)
 
 
+def time_step_phases(model):
+  """Puts timestamps into `model`'s training step (idempotent) and returns
+  the variable they land in: [step start, gradients ready, step end] in
+  seconds (`tf.timestamp()`), this worker's own, written by every step.
+
+  The step start is tied to the batch (the forward pass cannot begin
+  before it), "gradients ready" to every gradient and ahead of the
+  optimizer's `apply_gradients` (where a distribution strategy all-reduces
+  them), the end to the step's outputs. Call before the train function is
+  made (Keras traces `model.train_step` then)."""
+  import tensorflow as tf  # pylint: disable=import-outside-toplevel
+  timer = getattr(model, "_tfopt_step_timer", None)
+  if timer is not None:
+    return timer
+  # Each worker writes and reads its own timestamps: under a strategy a
+  # sync-on-read variable read as its first local replica's value (no
+  # all-reduce, no averaging across workers); without one, a plain one.
+  with tf.init_scope():
+    timer = tf.Variable(
+        tf.zeros([3], tf.float64), trainable=False, name="tfopt_step_timer",
+        synchronization=tf.VariableSynchronization.ON_READ,
+        aggregation=tf.VariableAggregation.ONLY_FIRST_REPLICA)
+  ready: list = []
+  applied: list = []
+  optimizer = model.optimizer
+  apply_gradients = optimizer.apply_gradients
+  train_step = model.train_step
+
+  def timed_apply_gradients(grads_and_vars, *args, **kwargs):
+    pairs = list(grads_and_vars)
+    grads = [g for g, _ in pairs if g is not None]
+    with tf.control_dependencies(grads):
+      stamp = tf.timestamp()
+    ready.append(stamp)
+    with tf.control_dependencies([stamp]):
+      pairs = [(None if g is None else tf.identity(g), v) for g, v in pairs]
+    out = apply_gradients(pairs, *args, **kwargs)
+    # Reads of the updated variables (automatic control dependencies order
+    # them after the optimizer's writes, which need the all-reduced
+    # gradients): the step's end waits for the all-reduce.
+    applied.extend(tf.convert_to_tensor(getattr(v, "value", v))
+                   for _, v in pairs)
+    return out
+
+  def timed_train_step(data):
+    ready.clear()
+    applied.clear()
+    start = tf.timestamp()
+    with tf.control_dependencies([start]):
+      data = tf.nest.map_structure(
+          lambda t: tf.identity(t) if tf.is_tensor(t) else t, data)
+    logs = train_step(data)
+    with tf.control_dependencies(tf.nest.flatten(logs) + applied):
+      end = tf.timestamp()
+    middle = ready[-1] if ready else end
+    timer.assign(tf.stack([start, middle, end]))
+    return logs
+
+  optimizer.apply_gradients = timed_apply_gradients
+  model.train_step = timed_train_step
+  model._tfopt_step_timer = timer  # pylint: disable=protected-access
+  return timer
+
+
 class StepPhaseRecorder(keras.callbacks.Callback):
-  """Records host gap and in-step time of every training batch.
+  """Records host gap and in-step time of every training batch, and with
+  `time_compute` the step's compute and sync time read from inside it.
 
   `host_gap[i]` is the time from the previous batch's end (or train begin)
-  to batch i's begin; `in_step[i]` from batch i's begin to its end. Reads
-  the clock only; `async_safe = False` because the clock must be read when
-  the batch begins and ends, not when a thread pool gets to the callback.
+  to batch i's begin; `in_step[i]` from batch i's begin to its end;
+  `compute[i]` / `sync[i]` from the step's own timestamps
+  (`time_step_phases`). `async_safe = False` because the clock must be
+  read when the batch begins and ends, not when a thread pool gets to the
+  callback.
   """
 
   async_safe = False
 
-  def __init__(self):
+  def __init__(self, time_compute: bool = False):
     super().__init__()
+    self.time_compute = bool(time_compute)
     self.host_gap: list = []
     self.in_step: list = []
+    self.compute: list = []
+    self.sync: list = []
     self.begin_wall: list = []  # time.time() at each batch begin
     self._begin = None
     self._last_end = None
+    self._timer = None
+
+  def set_model(self, model):
+    super().set_model(model)
+    if self.time_compute and self._timer is None:
+      self._timer = time_step_phases(model)
+      # A train function traced before the timestamps existed has none.
+      if getattr(model, "train_function", None) is not None:
+        model.make_train_function(force=True)
 
   def on_train_begin(self, logs=None):
     self._last_end = time.perf_counter()
@@ -112,16 +204,22 @@ class StepPhaseRecorder(keras.callbacks.Callback):
   def on_train_batch_end(self, batch, logs=None):
     self._last_end = time.perf_counter()
     self.in_step.append(self._last_end - self._begin)
+    if self._timer is not None:
+      start, ready, end = (float(t) for t in self._timer.numpy())
+      self.compute.append(ready - start)
+      self.sync.append(end - ready)
 
 
 class StragglerMonitor(StepPhaseRecorder):
   """Records this worker's step phases and exchanges them every
   `exchange_every` steps through `directory` (one JSON-lines file per
-  worker: attempt, step, host gap, in-step, begin time; appended, so a
-  shared filesystem is all the workers need). The chief (worker 0) then
-  reads every worker's records of the same steps, runs `detect` on the
-  last window, appends the verdict to `<directory>/reports.jsonl` (step,
-  time, stragglers, lateness per worker) and, with `tensorboard_dir`,
+  worker: attempt, step, host gap, in-step, compute, sync, begin time;
+  appended, so a shared filesystem is all the workers need). The chief
+  (worker 0) then reads every worker's records of the same steps, runs
+  `detect` on the last window -- host gaps, and (`time_compute`, the
+  default) the compute time measured inside the step -- appends the
+  verdict to `<directory>/reports.jsonl` (step, time, stragglers and
+  compute_stragglers, lateness per worker) and, with `tensorboard_dir`,
   writes the scalars `stragglers/late_ms/worker_<w>` and
   `stragglers/flagged/worker_<w>`. At the end of training the chief scores
   the whole run (`report`) and writes `heatmap.png` and `trace.json` (the
@@ -132,8 +230,9 @@ class StragglerMonitor(StepPhaseRecorder):
 
   def __init__(self, directory: str, worker: int, workers: int,
                exchange_every: int = 50, attempt: int = 0,
-               tensorboard_dir: str | None = None, **detect_kwargs):
-    super().__init__()
+               tensorboard_dir: str | None = None, time_compute: bool = True,
+               **detect_kwargs):
+    super().__init__(time_compute=time_compute)
     if isinstance(exchange_every, bool) or not isinstance(
         exchange_every, int) or exchange_every < 2:
       raise invalid_argument("exchange_every", "an integer >= 2",
@@ -148,6 +247,7 @@ class StragglerMonitor(StepPhaseRecorder):
     self.detect_kwargs = detect_kwargs
     self.reports: list = []      # the chief's verdict per exchange
     self.report = None           # the chief's verdict on the whole run
+    self.compute_report = None   # ... from the compute times
     self._flushed = 0
     self._offsets = [0] * self.workers
     self._cache: list = [{} for _ in range(self.workers)]
@@ -185,6 +285,9 @@ class StragglerMonitor(StepPhaseRecorder):
       aligned = self._read_all()
       if aligned is not None:
         self.report = detect(aligned[0], aligned[1], **self.detect_kwargs)
+        compute = self._compute_of(aligned[2])
+        if compute is not None:
+          self.compute_report = detect(*compute, **self.detect_kwargs)
         heatmap_png(os.path.join(self.directory, "heatmap.png"),
                     self.report, overwrite=True)
         common = aligned[2]
@@ -196,9 +299,12 @@ class StragglerMonitor(StepPhaseRecorder):
                       for w, r in enumerate(self._cache)}, overwrite=True)
 
   def _flush(self) -> None:
+    timed = len(self.compute) == len(self.in_step)
     lines = [json.dumps({"attempt": self.attempt, "step": i,
                          "gap": self.host_gap[i], "in_step": self.in_step[i],
-                         "begin": self.begin_wall[i]})
+                         "begin": self.begin_wall[i],
+                         **({"compute": self.compute[i], "sync": self.sync[i]}
+                            if timed else {})})
              for i in range(self._flushed, len(self.in_step))]
     if lines:
       with open(self._path(self.worker), "a", encoding="utf-8") as f:
@@ -244,6 +350,14 @@ class StragglerMonitor(StepPhaseRecorder):
     run = np.array([[r[s]["in_step"] for s in common] for r in per_worker])
     return gap, run, common
 
+  def _compute_of(self, steps):
+    """[workers, steps] compute and sync seconds of `steps`, where every
+    worker timed them inside the step; else None."""
+    if not all("compute" in r[s] for r in self._cache for s in steps):
+      return None
+    return (np.array([[r[s]["compute"] for s in steps] for r in self._cache]),
+            np.array([[r[s]["sync"] for s in steps] for r in self._cache]))
+
   def _exchange(self) -> None:
     if self.workers < 2:
       return
@@ -258,6 +372,15 @@ class StragglerMonitor(StepPhaseRecorder):
              "late_ms": [float(x) for x in
                          1e3 * np.median(report.lateness, axis=1)],
              "flagged": [float(x) for x in report.fraction]}
+    compute = self._compute_of(common)
+    if compute is not None:
+      slow = detect(*compute, **self.detect_kwargs)
+      entry.update(
+          compute_stragglers=slow.stragglers,
+          compute_late_ms=[float(x) for x in
+                           1e3 * np.median(slow.lateness, axis=1)],
+          compute_ms=[float(x) for x in 1e3 * np.median(compute[0], axis=1)],
+          sync_ms=[float(x) for x in 1e3 * np.median(compute[1], axis=1)])
     self.reports.append(entry)
     with open(os.path.join(self.directory, "reports.jsonl"), "a",
               encoding="utf-8") as f:
