@@ -97,3 +97,39 @@ def test_a_plain_compile_afterwards_is_plain_keras_again():
   hooked.compile(optimizer="adam", loss=hooked.loss)
   hooked.fit(x, y, **FIT)
   assert not _is_hook(hooked)
+
+
+def test_nas_search_with_the_hook_matches_plain_keras():
+  # A mask-execution super-network (every op runs, the path weights it)
+  # with PathSampler: the same paths drawn and the same losses as plain
+  # Keras. A switch network (functional Case ops) is refused by name.
+  from tfopt.nas.sampler import PathSampler
+  from tfopt.nas.space import tiny64
+  from tfopt.nas.supernet import SuperNet
+  rng = np.random.default_rng(0)
+  x = rng.normal(size=(32, 8, 8, 1)).astype("float32")
+  y = rng.integers(0, 10, 32).astype("int32")
+  runs = []
+  for hooked in (False, True):
+    keras.utils.set_random_seed(0)
+    net = SuperNet(tiny64(filters=4), execution="mask")
+    kwargs = dict(optimizer="adam",
+                  loss=keras.losses.SparseCategoricalCrossentropy(
+                      from_logits=True))
+    if hooked:
+      tfopt.compile(net, verbose=False, **kwargs)
+    else:
+      net.compile(**kwargs)
+    sampler = PathSampler(seed=0)
+    losses = net.fit(x, y, callbacks=[sampler], **FIT).history["loss"]
+    runs.append((losses, dict(sampler.counts)))
+  np.testing.assert_allclose(runs[1][0], runs[0][0], rtol=1e-5)
+  assert runs[1][1] == runs[0][1]
+  assert _is_hook(net)
+  switch = SuperNet(tiny64(filters=4), execution="switch")
+  tfopt.compile(switch, optimizer="adam", verbose=False,
+                loss=keras.losses.SparseCategoricalCrossentropy(
+                    from_logits=True))
+  with pytest.raises(ValueError, match="functional control flow.*"
+                     "execution='mask'"):
+    switch.fit(x, y, **FIT)

@@ -232,7 +232,7 @@ class _OptimizedTrainFunction:
       # is built by calling it on the first batch, here eagerly.
       self.model(x_np, training=False)
     try:
-      return capture_train_step(self.model, x=x_np, y=y_np)
+      step = capture_train_step(self.model, x=x_np, y=y_np)
     except Exception as err:  # pylint: disable=broad-except
       _restore_name_scope_stack(scopes)
       raise RuntimeError(
@@ -241,6 +241,8 @@ class _OptimizedTrainFunction:
           f"graph: use a functional or Sequential model, or a subclassed one "
           f"whose train_step traces with autograph off; or train with plain "
           f"`model.compile`.") from err
+    _refuse_functional_control_flow(self.model, step)
+    return step
 
   def _run_pipeline(self, pipeline: str, step, ctx):
     """The pass pipeline; a placement no device count given can hold is
@@ -529,6 +531,27 @@ def compile(model, *, fusion: bool = True,  # pylint: disable=redefined-builtin
     model.train_function = hook
     _keep_hook(model, hook)
   return model
+
+
+# Ops whose branches or bodies are functions of the graph's library: the
+# passes rewrite and place flat graphs, and the rewritten graph would run
+# without them (TensorFlow then fails deep inside with an unregistered op).
+_FUNCTIONAL_OPS = frozenset({"Case", "StatelessCase", "If", "StatelessIf",
+                             "While", "StatelessWhile"})
+
+
+def _refuse_functional_control_flow(model, step) -> None:
+  found = sorted({n.op for n in step.graph_def.node
+                  if n.op in _FUNCTIONAL_OPS})
+  if found:
+    example = next(n.name for n in step.graph_def.node if n.op in found)
+    hint = (" A tfopt.nas.SuperNet runs without them with "
+            "execution='mask'." if type(model).__name__ == "SuperNet" else "")
+    raise invalid_argument(
+        "model", "a model whose training step has no functional control "
+        f"flow ({', '.join(found)} ops, e.g. {example!r}: tfopt.compile "
+        "rewrites and places flat graphs); train it with plain "
+        f"`model.compile`.{hint}", model.name)
 
 
 def _keep_hook(model, hook) -> None:
