@@ -74,7 +74,8 @@ def test_sampler_errors():
               callbacks=[PathSampler()])
 
 
-def test_constraints_file_reread_every_epoch(tmp_path):
+def _steered_net(tmp_path):
+  """A small super-network and an empty steering file beside it."""
   from tfopt.nas.steering import Constraints
   keras.utils.set_random_seed(0)
   net = SuperNet(tiny64(filters=2))
@@ -82,6 +83,12 @@ def test_constraints_file_reread_every_epoch(tmp_path):
       from_logits=True))
   path = str(tmp_path / "steer.json")
   Constraints().save(path)
+  return net, path
+
+
+def test_constraints_file_reread_every_epoch(tmp_path):
+  from tfopt.nas.steering import Constraints
+  net, path = _steered_net(tmp_path)
   seen = []
 
   class Steer(keras.callbacks.Callback):
@@ -184,12 +191,7 @@ def test_bad_live_edits_are_reported_and_the_search_goes_on(tmp_path, caplog):
   # (file, line, what) and the last valid constraints stay; the lock takes.
   from tfopt.nas.callbacks import SubgraphRanker
   from tfopt.nas.steering import Constraints
-  keras.utils.set_random_seed(0)
-  net = SuperNet(tiny64(filters=2))
-  net.compile("sgd", keras.losses.SparseCategoricalCrossentropy(
-      from_logits=True))
-  path = str(tmp_path / "steer.json")
-  Constraints().save(path)
+  net, path = _steered_net(tmp_path)
   locked = Constraints()
   locked.lock_layer(net.space, "layer1", "skip")
   locked.save(str(tmp_path / "locked.json"))
