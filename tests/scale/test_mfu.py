@@ -79,7 +79,8 @@ def test_timeline_png(tmp_path):
 def test_mfu_against_a_stated_peak_and_the_achievable_one_apart():
   # Default "auto" on a CPU-only machine: the theoretical peak from
   # /proc/cpuinfo, named; the measured achievable peak is a separate figure
-  # (and below the theoretical one).
+  # (not bounded by it: a VM lists its base clock, and boost clocks measured
+  # 405 against 332 GFLOP/s here).
   from tfopt.scale.mfu import cpu_peak_flops
   model = _model()
   x = np.random.default_rng(0).normal(size=(64, 32)).astype("float32")
@@ -90,7 +91,7 @@ def test_mfu_against_a_stated_peak_and_the_achievable_one_apart():
   theoretical, source = cpu_peak_flops()
   assert s["peak_flops"] == theoretical and s["peak_source"] == source
   assert source.startswith("theoretical: ")
-  assert 0 < s["achievable_flops"] < theoretical
+  assert s["achievable_flops"] > 0
   achieved = monitor.flops_per_step / s["step_s"]
   assert s["mfu"] == pytest.approx(achieved / theoretical)
   assert s["mfu_of_achievable"] == pytest.approx(
