@@ -155,6 +155,18 @@ class Assessment:
   stalled_s: float = 0.0
 
 
+def phase_budgets(given=None) -> dict:
+  """`PHASE_BUDGET_S` with the `given` {phase: seconds} entries replacing
+  theirs; each budget checked."""
+  budgets = {**PHASE_BUDGET_S, **dict(given or {})}
+  for phase, budget in budgets.items():
+    if isinstance(budget, bool) or not isinstance(budget, (int, float)) \
+        or not budget > 0:
+      raise invalid_argument(f"phase_budget_s[{phase!r}]",
+                             "a positive number of seconds", budget)
+  return budgets
+
+
 class ProgressWatch:
   """Launcher side: reads the beats of `workers` and assesses them.
 
@@ -175,12 +187,7 @@ class ProgressWatch:
     self.stuck_factor = stuck_factor
     self.min_stuck_s = min_stuck_s
     self.attempt = attempt
-    self.phase_budget_s = {**PHASE_BUDGET_S, **dict(phase_budget_s or {})}
-    for phase, budget in self.phase_budget_s.items():
-      if isinstance(budget, bool) or not isinstance(budget, (int, float)) \
-          or not budget > 0:
-        raise invalid_argument(f"phase_budget_s[{phase!r}]",
-                               "a positive number of seconds", budget)
+    self.phase_budget_s = phase_budgets(phase_budget_s)
     self._best_step = -1
     self._progress_time = time.time()
     self.beats: dict = {}

@@ -476,9 +476,7 @@ class Launcher:
     self.faults = faults
     self.injected: set = set()
     # Checked here (bad input before anything starts), used by each watch.
-    self.phase_budget_s = hb.ProgressWatch(
-        tempfile.gettempdir(), 1, phase_budget_s=phase_budget_s
-    ).phase_budget_s
+    self.phase_budget_s = hb.phase_budgets(phase_budget_s)
     self.ports = ports
     self.env = {str(k): str(v) for k, v in (env or {}).items()}
     self.poll_s = float(poll_s)
