@@ -13,7 +13,8 @@ tells three situations apart (`assess`):
   wedged entirely): no beat for `timeout_s`;
 - **stuck**: beats arrive, but no worker's step advanced for `stuck_s`
   (k x the median step time, with a floor) -- unless the workers are in a
-  phase of epoch-end work (validation, checkpoint, restore), which is
+  phase of epoch-end work (validation, checkpoint, restore, the rest of
+  an epoch's end until the next step), which is
   judged by that phase's own budget (`PHASE_BUDGET_S`) instead: a slow
   validation pass or checkpoint is not a hang. In synchronous training one
   stuck worker stalls everyone, since the others wait inside the
@@ -42,7 +43,7 @@ FORMAT = "tfopt.scale.heartbeat/1"
 # Seconds a worker may spend in each phase of non-step work before it is
 # taken for stuck (the step-time rule does not apply while it is there).
 PHASE_BUDGET_S = {"validation": 600.0, "checkpoint": 300.0,
-                  "restore": 300.0}
+                  "restore": 300.0, "epoch_end": 300.0}
 
 
 def path_for(directory: str, worker: int) -> str:

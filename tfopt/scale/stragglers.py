@@ -41,8 +41,10 @@ and names a worker a straggler when its relative lateness exceeds
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
+import logging
 import os
 import time
 
@@ -92,28 +94,57 @@ def detect(host_gap, in_step, threshold_s: float = 0.002,
                          median_step)
 
 
-def time_step_phases(model):
+@dataclasses.dataclass
+class StepTimer:
+  """Where the step's timestamps land: `rows[k % window]` = [start,
+  gradients ready, end] (seconds) of this worker's k-th timed step, `count`
+  the steps timed so far. A ring written on the device, read by the host
+  once per `window` steps at most (a read per step costs a sync: 7 % of a
+  4 ms step here)."""
+  rows: object
+  count: object
+  window: int
+
+  def read(self, last: int) -> list[tuple[float, float, float]]:
+    """The `last` (<= window) timed steps' rows, oldest first."""
+    rows, count = self.rows.numpy(), int(self.count.numpy())
+    return [tuple(float(t) for t in rows[k % self.window])
+            for k in range(count - last, count)]
+
+
+def time_step_phases(model, window: int = 64):
   """Puts timestamps into `model`'s training step (idempotent) and returns
-  the variable they land in: [step start, gradients ready, step end] in
+  the `StepTimer` they land in: [step start, gradients ready, step end] in
   seconds (`tf.timestamp()`), this worker's own, written by every step.
 
   The step start is tied to the batch (the forward pass cannot begin
   before it), "gradients ready" to every gradient and ahead of the
   optimizer's `apply_gradients` (where a distribution strategy all-reduces
   them), the end to the step's outputs. Call before the train function is
-  made (Keras traces `model.train_step` then)."""
+  made (Keras traces `model.train_step` then).
+
+  Returns None, timing nothing, for a model compiled with
+  `jit_compile=True`: XLA has no kernel for `Timestamp`. Inside
+  `untimed(model)` the step traces without the timestamps (for XLA-based
+  FLOP counts of the same step)."""
   import tensorflow as tf  # pylint: disable=import-outside-toplevel
   timer = getattr(model, "_tfopt_step_timer", None)
   if timer is not None:
     return timer
-  # Each worker writes and reads its own timestamps: under a strategy a
-  # sync-on-read variable read as its first local replica's value (no
-  # all-reduce, no averaging across workers); without one, a plain one.
+  if getattr(model, "jit_compile", False) is True:
+    return None
+  # Each worker writes and reads its own timestamps: under a strategy
+  # sync-on-read variables read as their first local replica's value (no
+  # all-reduce, no averaging across workers); without one, plain ones.
+  local = dict(trainable=False,
+               synchronization=tf.VariableSynchronization.ON_READ,
+               aggregation=tf.VariableAggregation.ONLY_FIRST_REPLICA)
   with tf.init_scope():
-    timer = tf.Variable(
-        tf.zeros([3], tf.float64), trainable=False, name="tfopt_step_timer",
-        synchronization=tf.VariableSynchronization.ON_READ,
-        aggregation=tf.VariableAggregation.ONLY_FIRST_REPLICA)
+    timer = StepTimer(
+        tf.Variable(tf.zeros([window, 3], tf.float64),
+                    name="tfopt_step_times", **local),
+        tf.Variable(tf.constant(0, tf.int64), name="tfopt_steps_timed",
+                    **local), window)
   ready: list = []
   applied: list = []
   optimizer = model.optimizer
@@ -121,6 +152,8 @@ def time_step_phases(model):
   train_step = model.train_step
 
   def timed_apply_gradients(grads_and_vars, *args, **kwargs):
+    if getattr(model, "_tfopt_untimed", False):
+      return apply_gradients(grads_and_vars, *args, **kwargs)
     pairs = list(grads_and_vars)
     grads = [g for g, _ in pairs if g is not None]
     with tf.control_dependencies(grads):
@@ -137,6 +170,8 @@ def time_step_phases(model):
     return out
 
   def timed_train_step(data):
+    if getattr(model, "_tfopt_untimed", False):
+      return train_step(data)
     ready.clear()
     applied.clear()
     start = tf.timestamp()
@@ -147,13 +182,27 @@ def time_step_phases(model):
     with tf.control_dependencies(tf.nest.flatten(logs) + applied):
       end = tf.timestamp()
     middle = ready[-1] if ready else end
-    timer.assign(tf.stack([start, middle, end]))
+    slot = tf.math.floormod(timer.count, window)
+    timer.rows.assign(tf.tensor_scatter_nd_update(
+        timer.rows, [[slot]], [tf.stack([start, middle, end])]))
+    timer.count.assign_add(1)
     return logs
 
   optimizer.apply_gradients = timed_apply_gradients
   model.train_step = timed_train_step
   model._tfopt_step_timer = timer  # pylint: disable=protected-access
   return timer
+
+
+@contextlib.contextmanager
+def untimed(model):
+  """Within it, `model`'s step traces without `time_step_phases`' ops."""
+  before = getattr(model, "_tfopt_untimed", False)
+  model._tfopt_untimed = True  # pylint: disable=protected-access
+  try:
+    yield model
+  finally:
+    model._tfopt_untimed = before  # pylint: disable=protected-access
 
 
 class StepPhaseRecorder(keras.callbacks.Callback):
@@ -181,13 +230,19 @@ class StepPhaseRecorder(keras.callbacks.Callback):
     self._begin = None
     self._last_end = None
     self._timer = None
+    self._unread = 0  # timed steps not read back yet
 
   def set_model(self, model):
     super().set_model(model)
     if self.time_compute and self._timer is None:
       self._timer = time_step_phases(model)
+      if self._timer is None:
+        logging.getLogger("tfopt").warning(
+            "%s: no compute timing inside an XLA-compiled step (XLA has no "
+            "Timestamp kernel); host-side phases only", type(self).__name__)
+        self.time_compute = False
       # A train function traced before the timestamps existed has none.
-      if getattr(model, "train_function", None) is not None:
+      elif getattr(model, "train_function", None) is not None:
         model.make_train_function(force=True)
 
   def on_train_begin(self, logs=None):
@@ -205,9 +260,22 @@ class StepPhaseRecorder(keras.callbacks.Callback):
     self._last_end = time.perf_counter()
     self.in_step.append(self._last_end - self._begin)
     if self._timer is not None:
-      start, ready, end = (float(t) for t in self._timer.numpy())
+      self._unread += 1
+      if self._unread == self._timer.window:
+        self.collect()
+
+  def on_train_end(self, logs=None):
+    self.collect()
+
+  def collect(self) -> None:
+    """Reads the steps timed since the last read into `compute` / `sync`
+    (one device read; done every `window` steps and at train end)."""
+    if self._timer is None or not self._unread:
+      return
+    for start, ready, end in self._timer.read(self._unread):
       self.compute.append(ready - start)
       self.sync.append(end - ready)
+    self._unread = 0
 
 
 class StragglerMonitor(StepPhaseRecorder):
@@ -299,6 +367,7 @@ class StragglerMonitor(StepPhaseRecorder):
                       for w, r in enumerate(self._cache)}, overwrite=True)
 
   def _flush(self) -> None:
+    self.collect()
     timed = len(self.compute) == len(self.in_step)
     lines = [json.dumps({"attempt": self.attempt, "step": i,
                          "gap": self.host_gap[i], "in_step": self.in_step[i],

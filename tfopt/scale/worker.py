@@ -191,6 +191,13 @@ class _Progress(keras.callbacks.Callback):
     self.epoch = epoch
     self._mean, self._count = None, 0
 
+  def on_epoch_end(self, epoch, logs=None):
+    # What follows until the next step -- the callbacks' epoch and train
+    # ends, a new `model.fit` and its dataset -- is epoch-end work, judged
+    # by its own budget on the launcher's side, not by the step time.
+    if self.beat:
+      self.beat.set_phase("epoch_end")
+
   def on_train_batch_end(self, batch, logs=None):
     self.global_step += 1
     if self.beat:
@@ -245,7 +252,7 @@ class _StepBegin(keras.callbacks.Callback):
     self.beat.set_phase("validation")
 
   def on_test_end(self, logs=None):
-    self.beat.set_phase("host")
+    self.beat.set_phase("epoch_end")  # validation runs at the epoch's end
 
 
 @dataclasses.dataclass
