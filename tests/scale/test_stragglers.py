@@ -139,3 +139,28 @@ def test_monitor_exchanges_phases_and_writes_scalars(tmp_path):
   assert max(values["stragglers/flagged/worker_0"]) == 0
   with pytest.raises(ValueError, match="Argument `exchange_every`"):
     StragglerMonitor(tmp_path, 0, 2, exchange_every=1)
+
+
+def test_compute_timing_inside_the_step(caplog):
+  # Read from the step's own timestamps: compute + sync within the step's
+  # host-clock time, every step; an XLA-compiled step (no Timestamp
+  # kernel) keeps host phases only, saying so, and trains.
+  x = np.random.default_rng(0).normal(size=(160, 8)).astype("float32")
+  y = x[:, :1] * 2.0
+  for jit in (False, True):
+    keras.utils.set_random_seed(0)
+    model = keras.Sequential([keras.Input((8,)), keras.layers.Dense(32),
+                              keras.layers.Dense(1)])
+    model.compile("adam", "mse", jit_compile=jit)
+    recorder = StepPhaseRecorder(time_compute=True)
+    with caplog.at_level("WARNING", logger="tfopt"):
+      model.fit(x, y, batch_size=2, epochs=1, verbose=0,
+                callbacks=[recorder])
+    if jit:
+      assert recorder.compute == [] and len(recorder.in_step) == 80
+      assert any("XLA" in r.getMessage() for r in caplog.records)
+      continue
+    # 80 steps: more than the 64-step ring, read back in two parts.
+    assert len(recorder.compute) == len(recorder.sync) == 80
+    for c, s, t in zip(recorder.compute, recorder.sync, recorder.in_step):
+      assert 0 < c and 0 <= s and c + s <= t
