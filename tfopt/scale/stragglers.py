@@ -16,7 +16,8 @@ clock cannot see it: every worker's in-step time is the slowest's. So, as
 MegaScale times compute and communication per rank, `time_step_phases`
 puts `tf.timestamp()` ops into the compiled step itself -- at its start,
 once the gradients exist (before the optimizer's all-reduce) and at its
-end -- and the recorder reads them back per step: **compute** (forward and
+end -- into a ring on the device that the recorder reads back once per
+`StepTimer.window` steps, giving per step **compute** (forward and
 backward) and **sync** (all-reduce wait, update, metrics). The slow worker
 has the long compute and the short wait; the healthy ones wait for it.
 `detect(compute, sync)` scores compute lateness the way it scores host
