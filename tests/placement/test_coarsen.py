@@ -80,6 +80,9 @@ def test_coarse_plans_expand_to_every_op_and_stay_feasible(seed):
     if cand.placement is None:
       continue
     assert set(cand.placement) == {op.name for op in g.ops}
-    assert cand.schedule.feasible, (cand.placer, cand.schedule.over_cap())
     again = simulate(g, Placement(dict(cand.placement), 3), costs, cluster)
+    if cand.schedule is None:  # not simulated: it could not win
+      assert again.makespan_us >= result.makespan_us
+      continue
+    assert cand.schedule.feasible, (cand.placer, cand.schedule.over_cap())
     assert again.makespan_us == cand.schedule.makespan_us

@@ -1,9 +1,11 @@
 """place(graph, cluster, costs, placer="auto") -> PlacementResult.
 
-"auto" is a portfolio. These all run, and `simulate` scores each:
+"auto" is a portfolio, run cheapest first; `simulate` scores each plan:
   * one device (when the constraints allow it);
-  * m-TOPO in both modes, and m-topo-live (m-TOPO over-subscribing its static
-    budgets, each plan proven feasible by the simulator);
+  * m-TOPO in both modes;
+  * m-ETF on all devices and, as "m-etf@k", on the first 2, 4, ... devices
+    (greedy ETF spreads over every device it is given, which costs
+    transfers);
   * m-stage: the training graph cut into contiguous layer stages (each
     layer's forward ops, gradients, weights, slots and update together),
     checked by the simulator's liveness peaks: what parameter-heavy models
@@ -11,18 +13,33 @@
   * m-branch: a network's parallel branches (towers, Inception paths) each
     whole -- gradients, weights, slots and updates with it -- on a device
     of its own, which the greedy list schedulers never find;
-  * m-SCT (on graphs whose LP is cheap) and m-ETF, on all devices and, as
-    "m-etf@k", on the first 2, 4, ... devices (greedy ETF spreads over every
-    device it is given, which costs transfers);
+  * m-SCT (on graphs whose LP is cheap) and m-topo-live (m-TOPO
+    over-subscribing its static budgets, each plan proven feasible by the
+    simulator);
   * each of those on the coarsened graph ("<placer>/coarse");
+  * refinement ("<best>+refine", tfopt.placement.refine): the best plan
+    improved by moving one colocation group at a time, each move simulated
+    (from the plan least over its caps when none fits: a liveness-aware
+    repair), within a deterministic budget of REFINE_OP_SIMULATIONS;
   * on graphs of at most EXACT_IN_AUTO_MAX_OPS ops, the exact CP-SAT placer,
-    warm-started from the best of them; it also repairs graphs of at most
-    exact.MAX_OPS ops that every heuristic dead-ended on.
+    warm-started from the best plan so far; it also repairs graphs of at
+    most exact.MAX_OPS ops that every heuristic dead-ended on.
 The fastest feasible plan wins (ties: the earlier candidate, so one device
 wins a tie): "auto" is never worse than one device when one device fits. A
 named placer returns its own plan, still simulated. m-ETF and m-SCT retry in
 reserve mode (new work only starts on a device below 1.1, 1.25 or 1.5 equal
 shares of the graph's memory) before they give up.
+
+Anytime rules: once a feasible plan is in hand, no new candidate starts
+after `time_limit_s` (default DEFAULT_TIME_LIMIT_S; refinement stops too) or
+once the plan is within `target_gap` of the makespan lower bound (default
+DEFAULT_TARGET_GAP); those candidates are listed as "not run". Until a plan
+fits, the portfolio goes on: a time limit never turns a placeable graph
+into a refusal. A plan whose
+own lower bound (`plan_lower_bound`: its busiest device's compute, its
+longest path with transfers) is no better than the best makespan so far
+cannot win and is not simulated; a plan another placer already returned is
+not simulated twice.
 
 Before any placer runs, `live_memory_bound` checks that a plan can exist at
 all: when the bytes that must be live at once in any schedule (at some op:
@@ -43,6 +60,7 @@ from tfopt.graph.analysis import (format_bytes, live_memory_bound,
                                   makespan_lower_bound)
 from tfopt.graph.opgraph import OpGraph
 from tfopt.placement import exact as exact_placer
+from tfopt.placement import refine as refine_search
 from tfopt.placement.coarsen import coarsen as coarsen_graph
 from tfopt.placement.m_branch import m_branch
 from tfopt.placement.m_etf import m_etf
@@ -77,6 +95,16 @@ EXACT_REPAIR_TIME = 5.0
 # simulated on the original) up to this size; beyond it, time is better
 # spent on the original graph's candidates.
 COARSE_IN_AUTO_MAX_OPS = 5000
+# "auto" refines its best plan by single-group moves (tfopt.placement.refine)
+# on graphs of at most this many colocation groups: a sweep of one
+# simulation per group and device then takes seconds, not minutes.
+REFINE_IN_AUTO_MAX_GROUPS = 500
+# Its budget, in op simulations (tried moves x ops): deterministic, unlike
+# the time limit, so one input gives one plan; about 2 s on the CI machine.
+REFINE_OP_SIMULATIONS = 150_000
+# The anytime rules (place's `time_limit_s` and `target_gap`).
+DEFAULT_TIME_LIMIT_S = 10.0
+DEFAULT_TARGET_GAP = 0.01
 
 
 def _single(problem: PlacementProblem) -> Placement:
@@ -174,9 +202,11 @@ PLACERS: dict[str, Callable[[PlacementProblem], Placement]] = {
 
 
 def _auto_names(problem: PlacementProblem) -> tuple[str, ...]:
-  """The portfolio: AUTO, m-SCT, and m-ETF on the first 2, 4, ... devices, where
-  those devices' caps can hold the graph's static memory at all (otherwise
-  the run is sure to dead-end and would only cost time)."""
+  """The portfolio, cheapest first (the anytime rules may stop it early):
+  AUTO, m-ETF on the first 2, 4, ... devices where those devices' caps can
+  hold the graph's static memory at all (otherwise the run is sure to
+  dead-end and would only cost time), m-stage and m-branch, m-SCT, and
+  m-topo-live (a simulation per budget it tries)."""
   total = sum(problem.group_memory.values())
   subsets = []
   k = 2
@@ -184,10 +214,10 @@ def _auto_names(problem: PlacementProblem) -> tuple[str, ...]:
     if sum(problem.caps[:k]) >= total:
       subsets.append(f"m-etf@{k}")
     k *= 2
+  small = len(problem.graph) <= LIVE_IN_AUTO_MAX_OPS
   sct = ("m-sct",) if len(problem.graph.edges) <= SCT_IN_AUTO_MAX_EDGES else ()
-  live = (("m-topo-live", "m-stage", "m-branch")
-          if len(problem.graph) <= LIVE_IN_AUTO_MAX_OPS else ())
-  return AUTO + sct + live + tuple(subsets)
+  return (AUTO + tuple(subsets) + (("m-stage", "m-branch") if small else ())
+          + sct + (("m-topo-live",) if small else ()))
 
 
 def _placer(name: str) -> Callable[[PlacementProblem], Placement]:
@@ -252,7 +282,10 @@ class PlacementResult:
 
 def place(graph: OpGraph, cluster: Cluster, costs, placer: str = "auto", *,
           pins: Mapping[str, int] | None = None, headroom: float = 0.0,
-          coarsen: bool | None = None) -> PlacementResult:
+          coarsen: bool | None = None,
+          time_limit_s: float = DEFAULT_TIME_LIMIT_S,
+          target_gap: float = DEFAULT_TARGET_GAP,
+          refine: bool | None = None) -> PlacementResult:
   """Places `graph` on `cluster` (see module doc).
 
   Args:
@@ -260,58 +293,106 @@ def place(graph: OpGraph, cluster: Cluster, costs, placer: str = "auto", *,
     placer: "auto" or one of PLACERS.
     pins: op name -> device index; the op's colocation group follows.
     headroom: fraction of each device's cap kept free.
+    coarsen: also place the coarsened graph (default: "auto" on graphs of
+      at most COARSE_IN_AUTO_MAX_OPS ops).
+    time_limit_s: once a feasible plan is in hand, "auto" starts no new
+      candidate, and refinement stops, after this many seconds since the
+      call; the best plan so far is returned. A candidate already running
+      finishes.
+    target_gap: "auto" stops as soon as a feasible plan is within this
+      fraction of the makespan lower bound (nothing can gain more).
+    refine: run the local search on the best plan (default: "auto" on
+      graphs of at most REFINE_IN_AUTO_MAX_GROUPS colocation groups).
 
   Raises:
     InfeasiblePlacement: no candidate produced a plan within the caps; the
       message names each candidate's failure (and, when one op alone cannot
       fit, that op and its bytes).
   """
+  _check_place_arguments(placer, time_limit_s, target_gap)
+  started = time.perf_counter()
+  problem = make_problem(graph, cluster, costs, pins=pins, headroom=headroom)
+  bound = live_memory_bound(graph, problem.costs)
+  if bound.bytes > sum(problem.caps):
+    raise InfeasiblePlacement(bound.explain(sum(problem.caps),
+                                            len(cluster)) + ".")
+  lower = makespan_lower_bound(graph, problem.costs, len(cluster))
+  run = _Portfolio(problem, started + time_limit_s,
+                   lower * (1.0 + target_gap))
+  if placer == "exact":
+    hint = run.attempt("m-etf")
+    run.add(_exact_attempt(problem, hint if hint.feasible else None, 10.0))
+  else:
+    names = _auto_names(problem) if placer == "auto" else (placer,)
+    for name in names:
+      run.attempt(name)
+    if coarsen is None:
+      coarsen = placer == "auto" and len(graph) <= COARSE_IN_AUTO_MAX_OPS
+    if coarsen:
+      run.coarse(names, pins, headroom)
+  if placer == "auto":
+    _liveness_repairs(run, names)
+    if refine is None:
+      refine = len(problem.members) <= REFINE_IN_AUTO_MAX_GROUPS
+    if refine:
+      run.refine()
+    _exact_in_auto(run)
+  return _result(problem, run, bound, lower, started)
+
+
+def _check_place_arguments(placer, time_limit_s, target_gap) -> None:
   if placer not in ("auto", "exact") and placer not in PLACERS:
     raise invalid_argument("placer", f"'auto', 'exact' or one of "
                            f"{sorted(PLACERS)}", placer)
-  started = time.perf_counter()
-  problem = make_problem(graph, cluster, costs, pins=pins, headroom=headroom)
-  caps_total = sum(problem.caps)
-  bound = live_memory_bound(graph, problem.costs)
-  if bound.bytes > caps_total:
-    raise InfeasiblePlacement(bound.explain(caps_total, len(cluster)) + ".")
-  names = _auto_names(problem) if placer == "auto" else (placer,)
-  if placer == "exact":
-    hint = _attempt(problem, "m-etf")
-    candidates = [_exact_attempt(problem, hint if hint.feasible else None,
-                                 10.0)]
+  if isinstance(time_limit_s, bool) or \
+      not isinstance(time_limit_s, (int, float)) or not time_limit_s > 0:
+    raise invalid_argument("time_limit_s", "a number of seconds > 0",
+                           time_limit_s)
+  if isinstance(target_gap, bool) or \
+      not isinstance(target_gap, (int, float)) or not target_gap >= 0:
+    raise invalid_argument("target_gap", "a fraction >= 0", target_gap)
+
+
+def _liveness_repairs(run: "_Portfolio", names) -> None:
+  """Large graphs where nothing fitted statically: the liveness-checked
+  placers the portfolio leaves out at that size."""
+  if not run.best() and "m-topo-live" not in names:
+    run.attempt("m-topo-live")
+    run.attempt("m-stage")
+
+
+def _exact_in_auto(run: "_Portfolio") -> None:
+  """The exact placer on small graphs, warm-started from the best plan so
+  far (so never worse than it), or as the repair of graphs of at most
+  exact.MAX_OPS ops that every heuristic dead-ended on."""
+  problem, best = run.problem, run.best()
+  small = len(problem.graph) <= EXACT_IN_AUTO_MAX_OPS
+  if not (small or (best is None and
+                    len(problem.graph) <= exact_placer.MAX_OPS)):
+    return
+  if run.skip("exact"):
+    return
+  if small:
+    run.add(_exact_attempt(problem, best, EXACT_AUTO_TIME))
   else:
-    candidates = [_attempt(problem, name) for name in names]
-  if coarsen is None:
-    coarsen = placer == "auto" and len(graph) <= COARSE_IN_AUTO_MAX_OPS
-  if coarsen and placer != "exact":
-    candidates += _coarse_attempts(problem, names, pins, headroom)
-  if placer == "auto" and not any(c.feasible for c in candidates) and \
-      "m-topo-live" not in names:
-    # Large graph, nothing fits statically: the liveness-checked repairs.
-    candidates.append(_attempt(problem, "m-topo-live"))
-    candidates.append(_attempt(problem, "m-stage"))
-  if placer == "auto":
-    feasible_so_far = [c for c in candidates if c.feasible]
-    best_so_far = min(feasible_so_far, key=lambda c: c.makespan_us,
-                      default=None)
-    # Small graphs: the exact placer, warm-started from the best plan.
-    # Any graph the heuristics could not place: the exact placer as repair.
-    if len(graph) <= EXACT_IN_AUTO_MAX_OPS:
-      candidates.append(_exact_attempt(problem, best_so_far, EXACT_AUTO_TIME))
-    elif best_so_far is None and len(graph) <= exact_placer.MAX_OPS:
-      candidates.append(_exact_attempt(problem, None, EXACT_REPAIR_TIME))
-  lower = makespan_lower_bound(graph, problem.costs, len(cluster))
+    run.add(_exact_attempt(problem, None, EXACT_REPAIR_TIME))
+
+
+def _result(problem: PlacementProblem, run: "_Portfolio", bound, lower: float,
+            started: float) -> PlacementResult:
+  """The fastest feasible candidate as a PlacementResult, or the error that
+  names every candidate's failure."""
+  graph, cluster = problem.graph, problem.cluster
+  candidates = run.candidates
   single = next((c for c in candidates
                  if c.placer == "single" and c.schedule is not None), None)
   if single is None:  # a named placer ran: simulate one device here
-    single = Candidate("single", 0.0, schedule=simulate(
-        graph, Placement.single_device(graph, len(cluster)), problem.costs,
-        cluster))
+    single = Candidate("single", 0.0, schedule=run.simulate(
+        Placement.single_device(graph, len(cluster))))
   # Devices differ only in caps and types, which do not change timing.
   single_us = single.schedule.makespan_us
-  feasible = [c for c in candidates if c.feasible]
-  if not feasible:
+  best = run.best()
+  if best is None:
     reasons = "; ".join(
         f"{c.placer}: {c.error or 'over cap ' + str(c.schedule.over_cap())}"
         for c in candidates)
@@ -320,51 +401,190 @@ def place(graph: OpGraph, cluster: Cluster, costs, placer: str = "auto", *,
         f"live-memory bound does not rule a plan out: "
         f"{format_bytes(bound.bytes)} must be live at once while op "
         f"{bound.op!r} runs, within the caps together, "
-        f"{format_bytes(caps_total)}.)")
-  best = min(feasible, key=lambda c: c.schedule.makespan_us)
+        f"{format_bytes(sum(problem.caps))}.)")
   return PlacementResult(best.placer, best.placement, best.schedule,
                          time.perf_counter() - started, tuple(candidates),
                          lower, single_us)
 
 
-def _coarse_attempts(problem: PlacementProblem, names, pins,
-                     headroom: float) -> list[Candidate]:
-  """Each placer on the coarsened graph, expanded and simulated."""
+class _Portfolio:
+  """The candidates of one `place` call, run cheapest first, with the
+  anytime rules: nothing new starts after the deadline or once a feasible
+  plan is within the target of the lower bound; a plan already simulated
+  (several placers often return the same one) is not simulated again; a
+  plan whose lower bound is no better than the best makespan cannot win and
+  is not simulated."""
+
+  def __init__(self, problem: PlacementProblem, deadline: float,
+               target_us: float):
+    self.problem, self.deadline, self.target_us = (problem, deadline,
+                                                   target_us)
+    self.candidates: list[Candidate] = []
+    self._schedules: dict[tuple, Schedule] = {}
+    self._order = problem.order
+
+  def stopped(self) -> bool:
+    """Whether to start nothing more: a feasible plan is in hand and the
+    time is up or the plan is within the target (without a feasible plan
+    the portfolio goes on: a time limit never turns a placeable graph
+    into a refusal)."""
+    best = self.best()
+    return best is not None and (time.perf_counter() > self.deadline or
+                                 best.makespan_us <= self.target_us)
+
+  def best(self) -> Candidate | None:
+    feasible = [c for c in self.candidates if c.feasible]
+    return min(feasible, key=lambda c: c.makespan_us, default=None)
+
+  def add(self, candidate: Candidate) -> None:
+    self.candidates.append(candidate)
+
+  def skip(self, name: str) -> bool:
+    """Records `name` as not run when the portfolio has stopped."""
+    if not self.stopped():
+      return False
+    why = ("time limit reached" if time.perf_counter() > self.deadline
+           else "a plan within the target gap of the lower bound was found")
+    self.add(Candidate(name, 0.0, error=f"not run: {why}"))
+    return True
+
+  def simulate(self, placement: Placement) -> Schedule:
+    key = tuple(placement[n] for n in self._order)
+    if key not in self._schedules:
+      self._schedules[key] = simulate(self.problem.graph, placement,
+                                      self.problem.costs,
+                                      self.problem.cluster)
+    return self._schedules[key]
+
+  def judge(self, name: str, placement: Placement, seconds: float,
+            note: str = "") -> Candidate:
+    """The candidate for `placement`: simulated, unless it cannot win."""
+    best = self.best()
+    if best is not None:
+      bound = plan_lower_bound(self.problem, placement)
+      if bound >= best.makespan_us:
+        return Candidate(name, seconds, placement, error=(
+            f"not simulated: it cannot finish before {bound / 1e3:,.1f} ms, "
+            f"no faster than {best.placer}'s "
+            f"{best.makespan_us / 1e3:,.1f} ms"), note=note)
+    return Candidate(name, seconds, placement, self.simulate(placement),
+                     note=note)
+
+  def attempt(self, name: str) -> Candidate:
+    if self.skip(name):
+      return self.candidates[-1]
+    start = time.perf_counter()
+    try:
+      placement = _placer(name)(self.problem)
+    except InfeasiblePlacement as err:
+      candidate = Candidate(name, time.perf_counter() - start,
+                            error=str(err))
+    else:
+      candidate = self.judge(name, placement, time.perf_counter() - start)
+    self.add(candidate)
+    return candidate
+
+  def coarse(self, names, pins, headroom: float) -> None:
+    _coarse_attempts(self, names, pins, headroom)
+
+  def refine(self) -> None:
+    """Local search from the best plan, or, when none fits, from the plan
+    least over its caps (a liveness-aware repair)."""
+    start_from = self.best()
+    if start_from is None:
+      over = [c for c in self.candidates if c.schedule is not None]
+      start_from = min(over, key=lambda c: refine_search.score(c.schedule),
+                       default=None)
+    if start_from is None or self.skip("refine"):
+      return
+    t0 = time.perf_counter()
+    repair = self.best() is None  # a repair is not cut by the time limit
+    out = refine_search.refine(self.problem, start_from.placement,
+                               start_from.schedule,
+                               deadline=None if repair else self.deadline,
+                               max_simulations=max(
+                                   1, REFINE_OP_SIMULATIONS //
+                                   len(self.problem.graph)),
+                               target_us=self.target_us)
+    note = (f"{out.moves} group moves in {out.simulations} simulations, "
+            + ("converged" if out.converged else "budget spent"))
+    self.add(Candidate(f"{start_from.placer}+refine",
+                       time.perf_counter() - t0, out.placement,
+                       out.schedule, note=note))
+
+
+def plan_lower_bound(problem: PlacementProblem,
+                     placement: Placement) -> float:
+  """No schedule of `placement` finishes sooner: the most compute one
+  device has to do, and the longest path when each edge between devices
+  costs its transfer (messages for control edges where the CommModel sends
+  them), without waiting for channels."""
+  graph, costs, cluster = problem.graph, problem.costs, problem.cluster
+  comm = cluster.comm
+  overhead = [d.op_overhead_us for d in cluster.devices]
+  busy = [0.0] * problem.num_devices
+  finish: dict[str, float] = {}
+  for name in problem.order:
+    d = placement[name]
+    begin = 0.0
+    for e in graph.in_edges(name):
+      ready = finish[e.src]
+      src_device = placement[e.src]
+      if src_device != d:
+        link = comm.link(src_device, d)
+        if not e.is_control:
+          ready += link.transfer_us(e.bytes)
+        elif comm.control_messages:
+          ready += link.message_us(0)
+      begin = max(begin, ready)
+    work = costs[name].compute_us + overhead[d]
+    finish[name] = begin + work
+    busy[d] += work
+  return max(max(busy), max(finish.values(), default=0.0))
+
+
+def _coarse_attempts(run: "_Portfolio", names, pins,
+                     headroom: float) -> None:
+  """Each placer on the coarsened graph, expanded and judged on the
+  original graph."""
+  if run.skip("coarse"):
+    return
+  problem = run.problem
   start = time.perf_counter()
   coarsening = coarsen_graph(problem.graph, problem.costs)
   coarse_pins = {}
   for op, d in (pins or {}).items():
     g = coarsening.group_of[op]
     if coarse_pins.get(g, d) != d:
-      return [Candidate("coarse", time.perf_counter() - start,
-                        error=f"pins disagree inside coarse op {g!r}")]
+      run.add(Candidate("coarse", time.perf_counter() - start,
+                        error=f"pins disagree inside coarse op {g!r}"))
+      return
     coarse_pins[g] = d
   try:
     coarse_problem = make_problem(coarsening.graph, problem.cluster,
                                   coarsening.costs, pins=coarse_pins,
                                   headroom=headroom)
   except (InfeasiblePlacement, ValueError) as err:
-    return [Candidate("coarse", time.perf_counter() - start, error=str(err))]
+    run.add(Candidate("coarse", time.perf_counter() - start, error=str(err)))
+    return
   overhead = time.perf_counter() - start
-  out = []
   for name in names:
     if name in ("single", "m-branch"):
       # single: identical to the original graph's plan; m-branch: it reads
       # forward / backward roles, which coarse ops mix.
       continue
+    if run.skip(f"{name}/coarse"):
+      continue
     t0 = time.perf_counter()
     try:
       placement = coarsening.expand(_placer(name)(coarse_problem))
     except InfeasiblePlacement as err:
-      out.append(Candidate(f"{name}/coarse", time.perf_counter() - t0 +
-                           overhead, error=str(err)))
+      run.add(Candidate(f"{name}/coarse", time.perf_counter() - t0 +
+                        overhead, error=str(err)))
       continue
-    seconds = time.perf_counter() - t0 + overhead
-    schedule = simulate(problem.graph, placement, problem.costs,
-                        problem.cluster)
-    out.append(Candidate(f"{name}/coarse", seconds, placement, schedule,
-                         note=coarsening.describe()))
-  return out
+    run.add(run.judge(f"{name}/coarse", placement,
+                      time.perf_counter() - t0 + overhead,
+                      note=coarsening.describe()))
 
 
 def _exact_attempt(problem: PlacementProblem, hint: Candidate | None,
@@ -385,14 +605,3 @@ def _exact_attempt(problem: PlacementProblem, hint: Candidate | None,
   note = (f"{result.status}, gap {100 * result.gap:.1f} %"
           + (", kept the warm start" if result.used_hint else ""))
   return Candidate("exact", seconds, result.placement, schedule, note=note)
-
-
-def _attempt(problem: PlacementProblem, name: str) -> Candidate:
-  start = time.perf_counter()
-  try:
-    placement = _placer(name)(problem)
-  except InfeasiblePlacement as err:
-    return Candidate(name, time.perf_counter() - start, error=str(err))
-  seconds = time.perf_counter() - start
-  schedule = simulate(problem.graph, placement, problem.costs, problem.cluster)
-  return Candidate(name, seconds, placement, schedule)
