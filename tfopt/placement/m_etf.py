@@ -15,9 +15,16 @@ and the op is pushed back with its next-best key. The inner loops run on
 integer indices over precomputed edge tuples.
 
 The placer's timeline books transfers on the sender's and receiver's
-channels as the simulator does: a split that looks free when transfers
-never contend is what made the reference's plans slow under a PCIe model.
-Reported numbers still come from `simulate`.
+channels (a split that looks free when transfers never contend is what made
+the reference's plans slow under a PCIe model), as the reference does: when
+it schedules the consumer, from the producer's end or once both channels
+are free. On the Hanen-Munier example this reproduces the reference's
+schedule exactly (tests/placement/test_worked_examples.py). `simulate`
+models the runtime instead, which sends a tensor as soon as its producer
+ends, in its readers' order; so where transfers contend, the same plan can
+simulate slower than the placer's own timeline (29 vs 31 us there), and
+reported numbers come from `simulate`. Given the placer's start times as
+priorities, the simulator runs every device's ops in the placer's order.
 """
 
 from __future__ import annotations
