@@ -83,8 +83,11 @@ RESERVE_FIRST_MIN_OPS = 5000
 LIVE_FACTORS = (1.25, 1.5, 2.0, 2.5, 3.0, 4.0)
 # m-topo-live simulates every plan it tries: cheap below this size.
 LIVE_IN_AUTO_MAX_OPS = 5_000
-# m-SCT joins "auto" while its LP is cheap (about 3 s at 8,000 edges here).
-SCT_IN_AUTO_MAX_EDGES = 12_000
+# m-SCT on the original graph joins "auto" up to this many edges: its LP
+# costs 0.2 s at 2,000 edges and 1.7 s at 8,000 here, and in the benchmark
+# it never won a row where m-SCT on the coarsened graph (always in the
+# portfolio, a small LP) did not do as well.
+SCT_IN_AUTO_MAX_EDGES = 1_000
 # CP-SAT's deterministic time ran about 5x wall seconds on 2 cores, and on
 # 60-op graphs its contention-free plans simulated no faster than m-ETF's:
 # in "auto" it runs only where it is cheap, or as a repair.
@@ -166,9 +169,12 @@ def _m_topo_live(problem: PlacementProblem) -> Placement:
   Static accounting holds every tensor for the whole step; the liveness peak
   of a training step is often half of that. Over-subscribing the static
   budget and letting `simulate` prove the liveness peak fits finds plans for
-  caps the static placers refuse.
+  caps the static placers refuse. A plan met before (several budgets often
+  give one plan) or one whose lower bound cannot beat the best so far is
+  not simulated.
   """
   best = None
+  seen = set()
   for factor in LIVE_FACTORS:
     scaled = dataclasses.replace(
         problem, caps=tuple(c * factor for c in problem.caps))
@@ -177,6 +183,11 @@ def _m_topo_live(problem: PlacementProblem) -> Placement:
         placement = m_topo(scaled, mode)
       except InfeasiblePlacement:
         continue
+      key = tuple(placement[n] for n in problem.order)
+      if key in seen or (best is not None and plan_lower_bound(
+          problem, placement) >= best[0]):
+        continue
+      seen.add(key)
       schedule = simulate(problem.graph, placement, problem.costs,
                           problem.cluster)
       if schedule.feasible and (best is None or
