@@ -6,9 +6,10 @@ test_ps.py.
 
 The servers are separate processes, as in a real deployment (in this
 process they shared its thread pools: deadlocks with the default 2 inter-op
-threads in CI). This process itself still dies of SIGSEGV now and then
-inside the full suite (not diagnosed; test_ps.py retries once and shows the
-stacks)."""
+threads in CI). This process died of SIGSEGV inside TensorFlow now and then
+in the full suite while it had OR-Tools' and jaxlib's native libraries
+loaded beside TensorFlow's; test_ps.py now runs it with TensorFlow alone
+(tfopt/_native.py) and the output says what else was loaded."""
 
 import json
 import os
@@ -48,7 +49,11 @@ def main() -> None:
                       "first_loss": history["loss"][0],
                       "last_loss": history["loss"][-1],
                       "weights": model.get_weights()[0].ravel().tolist(),
-                      "device": model.weights[0].value.device}), flush=True)
+                      "device": model.weights[0].value.device,
+                      # Native stacks loaded beside TensorFlow's.
+                      "beside_tensorflow": sorted(
+                          m for m in ("jaxlib", "ortools") if m in
+                          sys.modules)}), flush=True)
   # Without the servers, the eager context's teardown at exit would try to
   # delete its functions on them: a screen of gRPC errors after the result.
   sys.stderr.flush()

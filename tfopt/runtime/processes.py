@@ -19,6 +19,7 @@ import time
 from collections.abc import Mapping, Sequence
 
 from tfopt._errors import check_positive_int, invalid_argument
+from tfopt._native import tensorflow_only_env
 from tfopt._net import free_ports
 from tfopt.cluster import Cluster
 from tfopt.cost.comm import CommModel
@@ -166,9 +167,11 @@ class LoopbackServers:
     # server's memory never shrank back after a step: a fixed threshold
     # returns every tensor-sized buffer to the OS when it is freed, and
     # the process's footprint (what a cap limits) follows its live tensors.
-    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2",
-               MALLOC_MMAP_THRESHOLD_=str(128 << 10),
-               MALLOC_TRIM_THRESHOLD_=str(128 << 10))
+    # A task only runs TensorFlow: no OR-Tools or JAX beside it (_native).
+    env = tensorflow_only_env(dict(
+        os.environ, TF_CPP_MIN_LOG_LEVEL="2",
+        MALLOC_MMAP_THRESHOLD_=str(128 << 10),
+        MALLOC_TRIM_THRESHOLD_=str(128 << 10)))
     for k, (name, i) in enumerate(self.tasks):
       log = (open(os.path.join(log_dir, f"{name}{i}.log"), "wb")  # pylint: disable=consider-using-with
              if log_dir else subprocess.DEVNULL)
