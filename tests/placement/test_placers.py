@@ -199,8 +199,8 @@ def test_properties_on_random_dags(seed):
     if c.placement is None:
       continue
     p, s = c.placement, c.schedule
-    if s is None:  # not simulated: it cannot beat the chosen plan
-      assert c.error.startswith("not simulated"), c
+    if s is None:  # not (fully) simulated: it cannot beat the chosen plan
+      assert c.error.startswith(("not simulated", "not checked for memory")), c
       s = simulate(g, p, costs, cluster)
       assert s.makespan_us >= result.makespan_us - 1e-6
       assert s.makespan_us >= plan_lower_bound(

@@ -221,3 +221,20 @@ def test_control_edges_across_devices_can_be_messages():
           for t in s.transfers] == [(-1, 0, 2.0, 12.0)]
   assert (s.start_us["c"], s.start_us["d"]) == (12.0, 13.0)
   assert s.peak_bytes == (0, 0)  # a message holds no memory
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_timing_pass_then_memory_pass_equals_simulate(seed):
+  from tfopt.graph.synthetic import layered_dag, total_memory
+  from tfopt.simulate import simulate_timing
+  g, costs = layered_dag(120, seed=seed, mean_width=4)
+  cluster = Cluster.uniform(3, int(total_memory(g, costs) * 0.5))
+  table = {op.name: i % 3 for i, op in enumerate(g.ops)}
+  for members in g.colocation_groups.values():
+    for m in members:
+      table[m] = table[members[0]]
+  plan = Placement(table, 3)
+  whole = simulate(g, plan, costs, cluster)
+  timing = simulate_timing(g, plan, costs, cluster)
+  assert timing.makespan_us == whole.makespan_us
+  assert timing.schedule() == whole

@@ -87,7 +87,7 @@ class OpGraph:
   """An immutable, validated DAG of ops. See the module docstring."""
 
   __slots__ = ("_name", "_ops", "_edges", "_index", "_in", "_out",
-               "_preds", "_succs", "_colocation_groups")
+               "_preds", "_succs", "_colocation_groups", "_topological")
 
   def __init__(self, ops: Iterable[Op], edges: Iterable[Edge], *,
                name: str = "graph"):
@@ -134,6 +134,7 @@ class OpGraph:
     self._name = name
     self._ops = ops
     self._edges = edges
+    self._topological: tuple[str, ...] | None = None  # topological_order
     self._index = types.MappingProxyType(index)
     self._in = tuple(tuple(x) for x in ins)
     self._out = tuple(tuple(x) for x in outs)
@@ -274,6 +275,14 @@ def topological_order(graph: OpGraph) -> list[str]:
   >>> topological_order(g)
   ['c', 'a', 'b']
   """
+  # Computed once per graph (it is immutable): the simulator and every
+  # placer ask for it, often many times per `place` call.
+  if graph._topological is None:  # pylint: disable=protected-access
+    graph._topological = tuple(_topological_order(graph))  # pylint: disable=protected-access
+  return list(graph._topological)  # pylint: disable=protected-access
+
+
+def _topological_order(graph: OpGraph) -> list[str]:
   ops = graph.ops
   indegree = [len(graph.predecessors(op.name)) for op in ops]
   heap = [i for i, d in enumerate(indegree) if d == 0]

@@ -134,20 +134,49 @@ def simulate(graph: OpGraph, placement: Placement | Mapping[str, int], costs,
       order alone, as TensorFlow's executor roughly does; a placer's own
       start times replay its intended order.
   """
+  return simulate_timing(graph, placement, costs, cluster,
+                         priority=priority).schedule()
+
+
+@dataclasses.dataclass(frozen=True)
+class Timing:
+  """The timing pass of `simulate` alone: its makespan, and `schedule()`
+  for the memory pass (the liveness peaks, about half of the work). A
+  caller that only needs to know whether a plan is faster than another
+  (placement portfolios, local search) skips the memory pass of plans that
+  are not."""
+  makespan_us: float
+  _graph: OpGraph
+  _timeline: "_Timeline"
+  _op_cost: Mapping
+  _cluster: Cluster
+
+  def schedule(self) -> Schedule:
+    timeline, cluster = self._timeline, self._cluster
+    peaks = _peak_memory(self._graph, timeline.device, self._op_cost,
+                         timeline.start, timeline.end, timeline.transfers,
+                         len(cluster), cluster.comm.shared_buffers)
+    return Schedule(timeline.device, timeline.start, timeline.end,
+                    tuple(timeline.transfers), self.makespan_us, peaks,
+                    cluster.memory_caps)
+
+
+def simulate_timing(graph: OpGraph,
+                    placement: Placement | Mapping[str, int], costs,
+                    cluster: Cluster, *,
+                    priority: Mapping[str, float] | None = None) -> Timing:
+  """`simulate`'s timing pass; `.schedule()` completes it (same result as
+  `simulate`, same arguments)."""
   placement = _checked_placement(graph, placement, cluster)
   op_cost = op_costs(graph, costs)
   timeline = _Timeline(graph, {op.name: placement[op.name] for op in
                                graph.ops}, op_cost,
                        _ranks(graph, priority), cluster)
   timeline.run()
-  start, end, transfers = timeline.start, timeline.end, timeline.transfers
-  makespan = max(end.values(), default=0.0)
-  if transfers:
-    makespan = max(makespan, max(t.end_us for t in transfers))
-  peaks = _peak_memory(graph, timeline.device, op_cost, start, end,
-                       transfers, len(cluster), cluster.comm.shared_buffers)
-  return Schedule(timeline.device, start, end, tuple(transfers), makespan,
-                  peaks, cluster.memory_caps)
+  makespan = max(timeline.end.values(), default=0.0)
+  if timeline.transfers:
+    makespan = max(makespan, max(t.end_us for t in timeline.transfers))
+  return Timing(makespan, graph, timeline, op_cost, cluster)
 
 
 def _checked_placement(graph: OpGraph, placement, cluster: Cluster):
