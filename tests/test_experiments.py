@@ -190,6 +190,12 @@ def test_config_sets_flags_and_the_command_line_wins(tmp_path):
   missing = _place("--devices=2")
   assert missing.returncode != 0 and "--costgraph is required" in \
       missing.stderr
+  no_time = _place(config, "--time_limit_s=0")
+  assert no_time.returncode != 0 and "--time_limit_s=0" in no_time.stderr
+  # A tiny limit still returns a plan; the table says what was not run.
+  quick = _place(config, "--time_limit_s=0.001")
+  assert quick.returncode == 0, quick.stderr[-2000:]
+  assert "skipped: not run: time limit reached" in quick.stdout
 
 
 def test_launch_script_bad_input():

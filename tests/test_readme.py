@@ -112,7 +112,8 @@ def _check_output(command: str, out: str, seen: dict) -> None:
   elif command.startswith("tfopt-place"):
     assert re.search(r"feasible\s+True", out), out[-2000:]
     if "place_gnmt_4dev" in command:
-      assert "m-sct/coarse" in out and "470.35 ms" in out, out[-2000:]
+      assert "m-sct/coarse+refine" in out and "374.12 ms" in out, \
+          out[-2000:]
   elif command.startswith("tfopt-train"):
     final = re.search(r"val_accuracy (\d\.\d+)", out)
     assert final and float(final.group(1)) >= 0.9, out[-2000:]

@@ -282,8 +282,11 @@ class PlacementResult:
              f"{'peak MB per device':>32}  status"]
     for c in self.candidates:
       if c.schedule is None:
+        # "not run", "not simulated", "not checked": skipped by the
+        # anytime rules, not failures.
+        kind = "skipped" if (c.error or "").startswith("not ") else "failed"
         lines.append(f"{c.placer:<19}{c.seconds:>9.3f}{'-':>13}{'-':>32}  "
-                     f"failed: {c.error}")
+                     f"{kind}: {c.error}")
         continue
       peaks = "/".join(f"{p / 1e6:,.0f}" for p in c.schedule.peak_bytes)
       status = "feasible" if c.feasible else "over cap"
@@ -564,15 +567,15 @@ class _Portfolio:
       return
     t0 = time.perf_counter()
     repair = self.best() is None  # a repair is not cut by the time limit
+    budget = max(1, REFINE_OP_SIMULATIONS // len(self.problem.graph))
     out = refine_search.refine(self.problem, start_from.placement,
                                start_from.schedule,
                                deadline=None if repair else self.deadline,
-                               max_simulations=max(
-                                   1, REFINE_OP_SIMULATIONS //
-                                   len(self.problem.graph)),
+                               max_simulations=budget,
                                target_us=self.target_us)
-    note = (f"{out.moves} group moves in {out.simulations} simulations, "
-            + ("converged" if out.converged else "budget spent"))
+    ended = ("converged" if out.converged else "budget spent"
+             if out.simulations >= budget else "time limit reached")
+    note = f"{out.moves} group moves in {out.simulations} simulations, {ended}"
     self.add(Candidate(f"{start_from.placer}+refine",
                        time.perf_counter() - t0, out.placement,
                        out.schedule, note=note))
