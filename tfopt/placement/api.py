@@ -35,12 +35,11 @@ after `time_limit_s` (default DEFAULT_TIME_LIMIT_S; refinement stops too) or
 once the plan is within `target_gap` of the makespan lower bound (default
 DEFAULT_TARGET_GAP); those candidates are listed as "not run". Until a plan
 fits, the portfolio goes on: a time limit never turns a placeable graph
-into a refusal. A plan whose
-own lower bound (`plan_lower_bound`: its busiest device's compute, its
-longest path with transfers) is no better than the best makespan so far
-cannot win and is not simulated (one whose simulated makespan is no better
-is not checked for memory); a plan another placer already returned is not
-simulated twice.
+into a refusal. A plan whose own lower bound (`plan_lower_bound`: its
+busiest device's compute, its longest path with transfers) is no better
+than the best makespan so far cannot win and is not simulated (one whose
+simulated makespan is no better is not checked for memory); a plan another
+placer already returned is not simulated twice.
 
 Before any placer runs, `live_memory_bound` checks that a plan can exist at
 all: when the bytes that must be live at once in any schedule (at some op:
@@ -372,10 +371,10 @@ def _cyclic_gc_paused():
   """Python's cycle collector paused while the placers run: they allocate
   millions of short-lived objects, which start collections that walk every
   object of the process (in a process with TensorFlow and a model loaded,
-  most of the heap): with TensorFlow imported, pausing it took "auto" on
-  synthetic 1k- and 4k-op graphs from 0.35-3.18 s to 0.34-2.18 s here. Nothing of ours
-  forms cycles that must go before the call returns; the collector runs
-  again after it."""
+  most of the heap). With TensorFlow imported, pausing it took "auto" on
+  synthetic 1k- and 4k-op graphs from 0.35-3.18 s to 0.34-2.18 s here.
+  Nothing of ours forms cycles that must go before the call returns; the
+  collector runs again after it."""
   enabled = gc.isenabled()
   gc.disable()
   try:
