@@ -65,35 +65,13 @@ flags.DEFINE_bool("overwrite", False, "Replace --out / --gantt if they exist.")
 def main(argv):
   del argv
   apply_config()
-  if not FLAGS.costgraph:
-    raise app.UsageError("--costgraph is required (a shipped workload: "
-                         f"{', '.join(workload_names())}; or a "
-                         "tfopt.costgraph/1 file), on the command line or in "
-                         "--config.")
-  if FLAGS.memory_per_device is not None and FLAGS.memory_fraction is not None:
-    raise app.UsageError("Give --memory_per_device or --memory_fraction, not "
-                         "both.")
-  if FLAGS.memory_fraction is not None and not FLAGS.memory_fraction > 0:
-    raise app.UsageError(f"--memory_fraction must be > 0. Received: "
-                         f"{FLAGS.memory_fraction}")
-  if FLAGS.devices <= 0:
-    raise app.UsageError(f"--devices must be a positive integer. Received: "
-                         f"{FLAGS.devices}")
+  _check_flags()
   try:
     cg = load_workload(FLAGS.costgraph)
   except (OSError, ValueError) as err:  # missing file, bad name or document
     raise app.UsageError(f"--costgraph: {err}") from None
   graph, costs = cg.graph, cg.costs
-  cap = FLAGS.memory_per_device
-  if FLAGS.memory_fraction is not None:
-    cap = int(total_memory(graph, costs) * FLAGS.memory_fraction)
-  comm = CommModel.uniform(FLAGS.comm_latency_us, FLAGS.comm_bandwidth_gbps)
-  cluster = Cluster.uniform(FLAGS.devices, cap, comm=comm)
-  if FLAGS.calibration:
-    calibration = load_calibration_flag(FLAGS.calibration)
-    cluster = calibration.applied_to(cluster)
-    if not FLAGS.json:
-      print(calibration.describe())
+  cap, cluster = _cluster(graph, costs)
   try:
     result = place(graph, cluster, costs, FLAGS.placer,
                    headroom=FLAGS.headroom, time_limit_s=FLAGS.time_limit_s)
@@ -113,6 +91,50 @@ def main(argv):
       "peak_bytes": list(result.schedule.peak_bytes),
       "feasible": result.schedule.feasible,
   }
+  _write_outputs(graph, cap, result, summary)
+  if FLAGS.json:
+    print(json.dumps(summary))
+  else:
+    _print_report(graph, cap, cluster, result)
+  return 0
+
+
+def _check_flags() -> None:
+  """Usage errors for flags that name no workload or contradict."""
+  if not FLAGS.costgraph:
+    raise app.UsageError("--costgraph is required (a shipped workload: "
+                         f"{', '.join(workload_names())}; or a "
+                         "tfopt.costgraph/1 file), on the command line or in "
+                         "--config.")
+  if FLAGS.memory_per_device is not None and FLAGS.memory_fraction is not None:
+    raise app.UsageError("Give --memory_per_device or --memory_fraction, not "
+                         "both.")
+  if FLAGS.memory_fraction is not None and not FLAGS.memory_fraction > 0:
+    raise app.UsageError(f"--memory_fraction must be > 0. Received: "
+                         f"{FLAGS.memory_fraction}")
+  if FLAGS.devices <= 0:
+    raise app.UsageError(f"--devices must be a positive integer. Received: "
+                         f"{FLAGS.devices}")
+
+
+def _cluster(graph, costs):
+  """(cap per device, Cluster) from the flags and, with --calibration, the
+  calibration file."""
+  cap = FLAGS.memory_per_device
+  if FLAGS.memory_fraction is not None:
+    cap = int(total_memory(graph, costs) * FLAGS.memory_fraction)
+  comm = CommModel.uniform(FLAGS.comm_latency_us, FLAGS.comm_bandwidth_gbps)
+  cluster = Cluster.uniform(FLAGS.devices, cap, comm=comm)
+  if FLAGS.calibration:
+    calibration = load_calibration_flag(FLAGS.calibration)
+    cluster = calibration.applied_to(cluster)
+    if not FLAGS.json:
+      print(calibration.describe())
+  return cap, cluster
+
+
+def _write_outputs(graph, cap, result, summary) -> None:
+  """--out (the plan as JSON) and --gantt (its chart)."""
   if FLAGS.out:
     plan = dict(summary, graph=graph.name, devices=FLAGS.devices,
                 memory_per_device=cap,
@@ -124,9 +146,9 @@ def main(argv):
     draw_gantt(result.schedule, FLAGS.gantt, overwrite=FLAGS.overwrite,
                title=f"{graph.name}: {result.placer} on {FLAGS.devices} "
                f"devices")
-  if FLAGS.json:
-    print(json.dumps(summary))
-    return 0
+
+
+def _print_report(graph, cap, cluster, result) -> None:
   mb = lambda b: f"{b / 1e6:,.0f} MB"
   print(f"graph             {graph.name} ({len(graph)} ops)")
   link = cluster.comm.default
@@ -141,11 +163,11 @@ def main(argv):
   print(f"makespan          {result.makespan_us / 1e3:,.2f} ms")
   print(f"single device     {result.single_device_us / 1e3:,.2f} ms")
   print(f"lower bound       {result.lower_bound_us / 1e3:,.2f} ms")
-  print(f"peak per device   {', '.join(mb(p) for p in result.schedule.peak_bytes)}")
+  print(f"peak per device   "
+        f"{', '.join(mb(p) for p in result.schedule.peak_bytes)}")
   print(f"feasible          {result.schedule.feasible}")
   print()
   print(result.table())
-  return 0
 
 
 def run() -> None:
