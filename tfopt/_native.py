@@ -9,7 +9,7 @@ solvers are safe whenever `import tfopt` comes before TensorFlow.
 solves in a child process instead.
 
 Processes that tfopt starts and that only run TensorFlow (server tasks, a
-parameter-server coordinator) are started with `TENSORFLOW_ONLY_ENV=1`:
+parameter-server coordinator) are started with `TFOPT_TENSORFLOW_ONLY=1`:
 then neither OR-Tools nor JAX is loaded beside TensorFlow. TensorFlow 2.21
 imports JAX whenever it is installed (tf.lite's util, for `jax.jit`), which
 loads jaxlib's own XLA extension: three native stacks with their own

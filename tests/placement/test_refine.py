@@ -1,6 +1,8 @@
 """refine (local search by group moves), the anytime rules of `place`, and
 the reference implementation's table on the shipped workloads."""
 
+import random
+
 import pytest
 
 from tfopt import Cluster, CommModel, CostModel, OpCost
@@ -92,7 +94,8 @@ def test_plan_lower_bound_holds_on_random_plans():
   cluster = Cluster.uniform(3, comm=slow)
   problem = make_problem(g, cluster, costs)
   for seed in range(10):
-    table = {op.name: (hash((op.name, seed)) % 3) for op in g.ops}
+    rng = random.Random(seed)
+    table = {op.name: rng.randrange(3) for op in g.ops}
     for members in g.colocation_groups.values():
       for m in members:
         table[m] = table[members[0]]

@@ -12,18 +12,17 @@ use, simulates the plan, and keeps the move when the plan gets better:
   * then a shorter makespan.
 
 Groups are visited heaviest compute first (moving those changes the
-makespan most), one sweep after another, until a sweep changes nothing
-(a local optimum under single-group moves), a sweep of a plan that fits
-gains under MIN_SWEEP_GAIN, the target is reached, or the deadline passes. Every
-accepted plan is feasible whenever the start was, so stopping early is
-always safe: the search is anytime.
+makespan most), one sweep after another, until a sweep changes nothing (a
+local optimum under single-group moves), a sweep of a plan that fits gains
+under MIN_SWEEP_GAIN, the target is reached, the simulation budget is spent
+or the deadline passes. Every accepted plan is feasible whenever the start
+was, so stopping early is always safe: the search is anytime.
 
 Cost: one simulation per tried move, (devices - 1) per group and sweep;
 once the plan fits, a move whose timing is no faster skips the memory pass
-(about half of a simulation).
-On the 192-op GNMT layer graph on 4 devices that is ~300 simulations, under
-a second, per sweep; on graphs of thousands of ops the deadline, not
-convergence, ends it.
+(about half of a simulation). On the 192-op GNMT layer graph on 4 devices a
+sweep is ~290 moves, a few tenths of a second; on graphs of hundreds of
+ops `place`'s budget (REFINE_OP_SIMULATIONS), not convergence, ends it.
 """
 
 from __future__ import annotations
