@@ -371,8 +371,9 @@ def _cyclic_gc_paused():
   """Python's cycle collector paused while the placers run: they allocate
   millions of short-lived objects, which start collections that walk every
   object of the process (in a process with TensorFlow and a model loaded,
-  most of the heap). With TensorFlow imported, pausing it took "auto" on
-  synthetic 1k- and 4k-op graphs from 0.35-3.18 s to 0.34-2.18 s here.
+  most of the heap). Measured once on this VM with TensorFlow imported
+  (a one-off script, not a benchmark): "auto" on synthetic 1k- and 4k-op
+  graphs went from 0.35-3.18 s to 0.34-2.18 s.
   Nothing of ours forms cycles that must go before the call returns; the
   collector runs again after it."""
   enabled = gc.isenabled()
