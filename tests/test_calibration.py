@@ -29,12 +29,20 @@ def test_round_trip_and_the_cluster_it_builds(tmp_path):
   cluster = loaded.cluster(["/device:CPU:0", "/device:CPU:1", "/device:CPU:2"],
                            64 << 20)
   assert cluster.comm.control_messages
+  assert not cluster.comm.cpu_work  # logical: hand-overs in one process
   assert cluster.comm.default.channel_us(0) == 1.0
   assert cluster.sharing.groups == (0, 0, 0)
   assert cluster.sharing.capacity == 1.3
   assert cluster.memory_caps == (64 << 20,) * 3
-  pinned = _calibration(kind="pinned", shared=False, capacity=1.0)
+  # Logical CPUs draw on their process's one inter-op pool (TensorFlow's
+  # default: a thread per usable core); a pinned task on its own.
+  assert cluster.sharing.threads == cal.machine_fingerprint()["cores"]
+  pinned = _calibration(kind="pinned", shared=False, capacity=1.0,
+                        inter_op_threads=2)
   assert pinned.sharing(2).groups == (0, 1)
+  assert pinned.sharing(2).threads == 2
+  assert pinned.comm().cpu_work  # gRPC's work runs on the tasks' cores
+  assert _calibration(kind="processes").sharing(2).threads is None
   assert "not saved" in made.describe() and "STALE" not in made.describe()
   with pytest.raises(FileExistsError):
     made.save(path)

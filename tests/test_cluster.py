@@ -34,5 +34,9 @@ def test_compute_sharing():
     ComputeSharing((0, 0), 0.5)
   with pytest.raises(ValueError, match="groups"):
     ComputeSharing(())
+  with pytest.raises(ValueError, match=r"threads.*Received: threads=0"):
+    ComputeSharing((0, 0), 1.0, threads=0)
+  assert ComputeSharing.shared(3, threads=2).slots(3) == 2
+  assert ComputeSharing.shared(3).slots(3) == 3  # one op per device
   with pytest.raises(ValueError, match=r"one group per device \(3\)"):
     Cluster.uniform(3, sharing=ComputeSharing((0, 0)))

@@ -118,15 +118,28 @@ class Calibration:
   # -- What it means for a cluster --
 
   def comm(self) -> CommModel:
-    # Logical CPUs of one process hand tensors over without a copy.
+    # Logical CPUs of one process hand tensors over without a copy; server
+    # tasks copy through gRPC, whose work runs on the tasks' own cores.
     return CommModel(self.link, control_messages=self.control_messages,
-                     shared_buffers=self.kind == "logical")
+                     shared_buffers=self.kind == "logical",
+                     cpu_work=self.kind != "logical")
 
   def sharing(self, num_devices: int) -> ComputeSharing:
-    """Which of `num_devices` devices of this kind share cores."""
+    """Which of `num_devices` devices of this kind share cores, and the
+    executor pools they draw on (`ComputeSharing.threads`): logical CPUs
+    of one process share their session's inter-op pool (TensorFlow's
+    default: one thread per core this process may use); a pinned task
+    has its own (`inter_op_threads`). Unpinned server processes each
+    have a pool of their own on shared cores, which one group's pool does
+    not describe: there each device runs one op at a time."""
+    threads = None
+    if self.kind == "logical":
+      threads = self.inter_op_threads or machine_fingerprint()["cores"]
+    elif self.kind == "pinned":
+      threads = self.inter_op_threads or 1
     if self.shared:
-      return ComputeSharing.shared(num_devices, self.capacity)
-    return ComputeSharing.alone(num_devices)
+      return ComputeSharing.shared(num_devices, self.capacity, threads)
+    return ComputeSharing.alone(num_devices, threads)
 
   def cluster(self, device_names: Sequence[str],
               memory_bytes: int | None = None, *,
@@ -163,13 +176,18 @@ class Calibration:
     where = self.path or "not saved"
     overhead = ("whole latency" if self.link.overhead_us is None else
                 f"{self.link.overhead_us:.0f} us")
+    pool = self.sharing(self.num_devices).threads
     sharing = (f"shared cores, capacity {self.capacity:.2f}" if self.shared
-               else "own cores each")
+               else "own cores each") + (
+                   f", {pool} inter-op thread(s) per "
+                   f"{'process' if self.shared else 'device'}" if pool
+                   else "")
     age = self.age_days()
     line = (f"calibrated {self.kind} x{self.num_devices} ({where}, "
             f"{self.created[:10]}): latency {self.link.latency_us:.0f} us, "
             f"{self.link.bandwidth_gbps:.3g} GB/s, overhead {overhead}, "
             f"control edges {'are messages' if self.control_messages else 'free'}"
+            f"{', copies work both ends' if self.kind != 'logical' else ''}"
             f"; {sharing}; {self.op_overhead_us:.1f} us per op")
     if age > STALE_AFTER_DAYS:
       line += (f"; STALE: {age:.0f} days old (over {STALE_AFTER_DAYS}), "

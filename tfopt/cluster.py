@@ -53,12 +53,21 @@ class ComputeSharing:
       n ops of a group run at once, each progresses at min(1, capacity / n)
       of its profiled speed (processor sharing): 1.0 where each op alone
       already keeps every core of the group busy.
+    threads: how many ops one group runs at once, on any of its devices:
+      the group's executor thread pool (TensorFlow's inter-op pool: logical
+      CPUs of one process share their session's; a server task has its
+      own). None: each device runs one op at a time (Baechi's model), as a
+      GPU's compute stream does. With threads, a single device of the group
+      runs independent ops side by side as TensorFlow's CPU executor does,
+      so spreading a step over devices of one pool buys no parallelism one
+      device did not already have.
 
   >>> ComputeSharing((0, 0), 1.0).rate(2)   # two ops share one core's worth
   0.5
   """
   groups: tuple[int, ...]
   capacity: float = 1.0
+  threads: int | None = None
 
   def __post_init__(self):
     groups = tuple(self.groups)
@@ -72,21 +81,41 @@ class ComputeSharing:
             "inf"):
       raise invalid_argument("capacity", "a finite number >= 1",
                              self.capacity)
+    if self.threads is not None:
+      check_positive_int("threads", self.threads)
 
   def rate(self, running: int) -> float:
     """Each op's speed when `running` ops of one group run at once."""
     return min(1.0, self.capacity / running) if running else 1.0
 
-  @classmethod
-  def alone(cls, num_devices: int) -> "ComputeSharing":
-    """Every device on cores of its own."""
-    return cls(tuple(range(num_devices)))
+  def slots(self, group_size: int) -> int:
+    """Ops a group of `group_size` devices runs at once at most."""
+    return group_size if self.threads is None else self.threads
+
+  def group_speed(self, group_size: int) -> float:
+    """The most ops' worth of profiled work a group of `group_size`
+    devices does per unit of time."""
+    return min(float(self.slots(group_size)), self.capacity)
+
+  def speed(self) -> float:
+    """`group_speed` summed over the groups: no schedule does its total
+    work faster."""
+    sizes: dict[int, int] = {}
+    for g in self.groups:
+      sizes[g] = sizes.get(g, 0) + 1
+    return sum(self.group_speed(n) for n in sizes.values())
 
   @classmethod
-  def shared(cls, num_devices: int, capacity: float = 1.0
-             ) -> "ComputeSharing":
-    """Every device on the same cores."""
-    return cls((0,) * num_devices, capacity)
+  def alone(cls, num_devices: int, threads: int | None = None
+            ) -> "ComputeSharing":
+    """Every device on cores of its own (`threads`: each device's pool)."""
+    return cls(tuple(range(num_devices)), 1.0, threads)
+
+  @classmethod
+  def shared(cls, num_devices: int, capacity: float = 1.0,
+             threads: int | None = None) -> "ComputeSharing":
+    """Every device on the same cores (`threads`: their one pool)."""
+    return cls((0,) * num_devices, capacity, threads)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -3,9 +3,11 @@ properties that must hold on random DAGs."""
 
 import itertools
 
+import numpy as np
 import pytest
 
-from tfopt import Cluster, CommModel, CostModel, Device, OpCost
+from tfopt import (Cluster, CommModel, ComputeSharing, CostModel, Device,
+                   OpCost)
 from tfopt.graph import Edge, Op, OpGraph
 from tfopt.graph.synthetic import layered_dag, total_memory
 from tfopt.placement import (InfeasiblePlacement, Placement, m_etf, m_topo,
@@ -217,6 +219,49 @@ def test_properties_on_random_dags(seed):
   if single.feasible:
     assert result.makespan_us <= single.makespan_us
   assert result.makespan_us >= result.lower_bound_us - 1e-6
+
+
+@pytest.mark.parametrize("sharing", [
+    None, ComputeSharing.shared(3, 1.3), ComputeSharing.shared(3, 1.3, 2),
+    ComputeSharing.alone(3, threads=2), ComputeSharing((0, 0, 1), 1.0, 3)])
+def test_plan_lower_bound_holds_whatever_the_cores_and_pools(sharing):
+  g, costs = layered_dag(80, seed=5, mean_width=4)
+  cluster = Cluster.uniform(3, sharing=sharing,
+                            comm=CommModel.uniform(5.0, 1.0))
+  problem = make_problem(g, cluster, costs)
+  rng = np.random.default_rng(0)
+  for _ in range(20):
+    plan = Placement({op.name: int(rng.integers(3)) for op in g.ops}, 3)
+    assert simulate(g, plan, costs, cluster).makespan_us >= plan_lower_bound(
+        problem, plan) - 1e-6
+
+
+def test_plan_lower_bound_of_a_shared_pool_by_hand():
+  # Four independent 3 us ops on two devices of one core (capacity 1):
+  # 12 us of work, whichever device runs it; apart, the busier device's 6.
+  g = OpGraph([Op(n, "X") for n in "abcd"], [])
+  costs = {n: 3.0 for n in "abcd"}
+  plan = Placement({"a": 0, "b": 0, "c": 1, "d": 1}, 2)
+  for sharing, bound in ((ComputeSharing.shared(2, 1.0, threads=2), 12.0),
+                         (ComputeSharing.shared(2, 2.0, threads=2), 6.0),
+                         (None, 6.0)):
+    cluster = Cluster.uniform(2, sharing=sharing)
+    assert plan_lower_bound(make_problem(g, cluster, costs), plan) == bound
+    assert simulate(g, plan, costs, cluster).makespan_us == bound
+
+
+def test_place_on_devices_of_one_core_knows_splitting_cannot_help():
+  # The fork a(1) -> b(5), c(5) -> d(1) on two logical devices of one core
+  # (one pool of two threads, capacity 1): 12 us of work however placed,
+  # which is the bound `place` reports and the makespan it reaches; apart
+  # (no sharing) the bound is the critical path, 7.
+  pooled = Cluster.uniform(2, comm=FREE, sharing=ComputeSharing.shared(
+      2, 1.0, threads=2))
+  result = place(FORK, pooled, FORK_COSTS)
+  assert result.lower_bound_us == 12.0
+  assert result.makespan_us == pytest.approx(12.0)
+  assert place(FORK, Cluster.uniform(2, comm=FREE),
+               FORK_COSTS).lower_bound_us == 7.0
 
 
 def test_deterministic():

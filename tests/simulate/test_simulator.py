@@ -186,6 +186,70 @@ def test_sharing_slows_a_running_op_when_another_starts():
   assert s.makespan_us == pytest.approx(10.0)  # 10 us of work on one core
 
 
+def test_a_thread_pool_runs_independent_ops_of_one_device_side_by_side():
+  # a (10 us) and b (4 us) both on d0, independent. One op at a time: 14.
+  # A pool of two threads on one core's worth (capacity 1): both at half
+  # speed until b is done (t=8), a's last 6 us alone -> 14, the same
+  # work. On 1.5 cores: 0.75 each, b ends at 4/0.75, a runs its last 6 us
+  # at full speed.
+  g = OpGraph([Op("a", "X", (0,)), Op("b", "X", (0,))], [])
+  p = _place({"a": 0, "b": 0}, 2)
+  costs = {"a": 10.0, "b": 4.0}
+  serial = simulate(g, p, costs, Cluster.uniform(
+      2, sharing=ComputeSharing.shared(2, 1.5)))
+  assert (serial.start_us["b"], serial.end_us["b"]) == (10.0, 14.0)
+  for capacity, end_b in ((1.0, 8.0), (1.5, 4 / 0.75)):
+    pooled = simulate(g, p, costs, Cluster.uniform(
+        2, sharing=ComputeSharing.shared(2, capacity, threads=2)))
+    assert pooled.start_us == {"a": 0.0, "b": 0.0}
+    assert pooled.end_us["b"] == pytest.approx(end_b)
+    assert pooled.end_us["a"] == pytest.approx(end_b + 10.0 - end_b *
+                                               capacity / 2)
+    assert pooled.busy_us() == (pytest.approx(pooled.makespan_us), 0.0)
+
+
+def test_a_pool_of_one_thread_serialises_a_group_across_devices():
+  # Two devices drawing on one single-thread pool (capacity 2 does not
+  # help: one op at a time). The lower ranked op (a, topological order)
+  # runs first, then b: 0-10, 10-14; apart, pools of one thread each run
+  # them side by side.
+  g, p, costs = _pair(10.0, 4.0)
+  one_pool = simulate(g, p, costs, Cluster.uniform(
+      2, sharing=ComputeSharing.shared(2, 2.0, threads=1)))
+  assert (one_pool.end_us["a"], one_pool.start_us["b"],
+          one_pool.end_us["b"]) == (10.0, 10.0, 14.0)
+  apart = simulate(g, p, costs, Cluster.uniform(
+      2, sharing=ComputeSharing.alone(2, threads=1)))
+  assert (apart.end_us["a"], apart.end_us["b"]) == (10.0, 4.0)
+
+
+def test_a_transfer_s_work_shares_the_cores_at_both_ends():
+  # a (4 us, d0) sends 1000 B to b (1 us, d1); c (30 us) runs on d1 from 0.
+  # Link: 10 us latency, 1 GB/s, 8 us overhead: the copy arrives 11 us after
+  # it starts and is 8 + 1 = 9 us of work on each side's core. d0 is idle:
+  # its side is done at 4 + 9 = 13. d1 runs c: both at half speed, the
+  # copy's work done at 4 + 18 = 22 (later than the link's 15), by when c
+  # has 30 - 4 - 9 = 17 us left, alone again: c ends at 39, and b runs
+  # after it (one op at a time on d1).
+  g = OpGraph([Op("a", "X", (1000,)), Op("b", "X", (0,)),
+               Op("c", "X", (0,))], [Edge("a", "b", 0, 0, 1000)])
+  p = _place({"a": 0, "b": 1, "c": 1}, 2)
+  costs = {"a": 4.0, "b": 1.0, "c": 30.0}
+  worked = CommModel.uniform(10.0, 1.0, overhead_us=8.0, cpu_work=True)
+  s = simulate(g, p, costs, Cluster.uniform(2, comm=worked))
+  (copy,) = s.transfers
+  assert (copy.start_us, copy.end_us) == (4.0, pytest.approx(22.0))
+  assert s.end_us["c"] == pytest.approx(39.0)
+  assert (s.start_us["b"], s.makespan_us) == (pytest.approx(39.0),
+                                              pytest.approx(40.0))
+  # Free for the cores (Baechi's model): c is not slowed, the copy lands
+  # at 15.
+  free = simulate(g, p, costs, Cluster.uniform(2, comm=CommModel.uniform(
+      10.0, 1.0, overhead_us=8.0)))
+  assert free.transfers[0].end_us == 15.0
+  assert (free.end_us["c"], free.start_us["b"]) == (30.0, 30.0)
+
+
 def test_overhead_lets_transfers_overlap():
   # a's three outputs go to three readers on d1. Latency 10 us, 1000 B at
   # 1 GB/s: 11 us each. Without an overhead each holds the channels for all

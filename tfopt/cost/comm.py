@@ -91,6 +91,15 @@ class CommModel:
   sender's device until the last reader on any device finished, and the
   receiver is charged nothing. The transfer still takes its link time.
 
+  `cpu_work`: a transfer's channel time (`Link.channel_us`: overhead plus
+  bytes over bandwidth) is work of the sender's and of the receiver's
+  cores, as gRPC's serialisation, copies and polling are in the server
+  tasks' own processes: it shares their cores with the ops running there
+  (slowing them, and slowed by them), and the tensor arrives no sooner
+  than both sides' work is done. Calibrated links between server tasks
+  set it; without it a transfer costs the devices nothing (a DMA engine's
+  copy, Baechi's model).
+
   >>> CommModel().transfer_us(5_700_000)   # 134 us + 1000 us
   1134.0
   >>> CommModel().transfer_us(100, 0, 0)   # same device: free
@@ -101,6 +110,7 @@ class CommModel:
       default_factory=dict)
   control_messages: bool = False
   shared_buffers: bool = False
+  cpu_work: bool = False
 
   def link(self, src: int, dst: int) -> Link:
     return self.pairs.get((src, dst), self.default)
@@ -117,10 +127,11 @@ class CommModel:
               bandwidth_gbps: float = PCIE_BANDWIDTH_GBPS, *,
               overhead_us: float | None = None,
               control_messages: bool = False,
-              shared_buffers: bool = False) -> "CommModel":
+              shared_buffers: bool = False,
+              cpu_work: bool = False) -> "CommModel":
     return cls(Link(latency_us, bandwidth_gbps, overhead_us),
                control_messages=control_messages,
-               shared_buffers=shared_buffers)
+               shared_buffers=shared_buffers, cpu_work=cpu_work)
 
 
 @dataclasses.dataclass(frozen=True)

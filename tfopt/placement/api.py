@@ -58,8 +58,8 @@ from typing import Callable, Mapping
 
 from tfopt._errors import invalid_argument
 from tfopt.cluster import Cluster
-from tfopt.graph.analysis import (format_bytes, live_memory_bound,
-                                  makespan_lower_bound)
+from tfopt.graph.analysis import (compute_times, format_bytes,
+                                  live_memory_bound, makespan_lower_bound)
 from tfopt.graph.opgraph import OpGraph
 from tfopt.placement import exact as exact_placer
 from tfopt.placement import refine as refine_search
@@ -336,6 +336,9 @@ def place(graph: OpGraph, cluster: Cluster, costs, placer: str = "auto", *,
       raise InfeasiblePlacement(bound.explain(sum(problem.caps),
                                               len(cluster)) + ".")
     lower = makespan_lower_bound(graph, problem.costs, len(cluster))
+    if cluster.sharing is not None:  # devices that share cores do less
+      lower = max(lower, sum(compute_times(graph, problem.costs).values()) /
+                  cluster.sharing.speed())
     run = _Portfolio(problem, started + time_limit_s,
                      lower * (1.0 + target_gap))
     _run_placers(run, placer, pins, headroom, coarsen, refine)
@@ -584,7 +587,8 @@ class _Portfolio:
 def plan_lower_bound(problem: PlacementProblem,
                      placement: Placement) -> float:
   """No schedule of `placement` finishes sooner: the most compute one
-  device has to do, and the longest path when each edge between devices
+  device, or one group of devices sharing cores, has to do at the fastest
+  its cores allow, and the longest path when each edge between devices
   costs its transfer (messages for control edges where the CommModel sends
   them), without waiting for channels."""
   graph, costs, cluster = problem.graph, problem.costs, problem.cluster
@@ -608,7 +612,26 @@ def plan_lower_bound(problem: PlacementProblem,
     work = costs[name].compute_us + overhead[d]
     finish[name] = begin + work
     busy[d] += work
-  return max(max(busy), max(finish.values(), default=0.0))
+  return max(_busiest_us(busy, cluster.sharing),
+             max(finish.values(), default=0.0))
+
+
+def _busiest_us(busy: list[float], sharing) -> float:
+  """The shortest time in which devices with `busy` microseconds of work
+  each could do it: a device alone runs at full speed at most (or, with a
+  thread pool, as fast as its group's cores allow); a group of devices
+  sharing cores at most `capacity` ops' worth at once."""
+  if sharing is None:
+    return max(busy)
+  groups: dict[int, list[float]] = {}
+  for work, g in zip(busy, sharing.groups):
+    groups.setdefault(g, []).append(work)
+  bound = 0.0
+  for works in groups.values():
+    speed = sharing.group_speed(len(works))
+    one = 1.0 if sharing.threads is None else speed
+    bound = max(bound, max(works) / one, sum(works) / speed)
+  return bound
 
 
 def _coarse_attempts(run: "_Portfolio", names, pins,

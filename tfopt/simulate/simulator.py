@@ -4,7 +4,7 @@ The single source of a makespan and of per-device peak memory: placers may
 keep their own timelines for speed, but every number tfopt reports comes from
 here. Pure: nothing it is given is modified.
 
-Timing model (Baechi's, with two measured refinements):
+Timing model (Baechi's, with measured refinements):
   * One compute stream per device. A device runs one op at a time; among the
     ops ready on a free device the earliest in topological order runs first
     (or the lowest of a given `priority`, e.g. a placer's own start times).
@@ -14,6 +14,10 @@ Timing model (Baechi's, with two measured refinements):
     process) divide them: while n ops of one sharing group run, each
     advances at min(1, capacity / n) of its profiled speed. Without
     sharing, every device computes apart.
+  * Where the sharing names a thread pool (`ComputeSharing.threads`:
+    TensorFlow's inter-op pool on CPUs), a group runs up to that many ops
+    at once, on any of its devices, instead of one per device: the lowest
+    ranked ready ops of the group start first.
   * An op is ready when every input has arrived: at once from its own
     device, after a transfer from another one.
   * A tensor (op, output port) is sent once per destination device and reused
@@ -21,7 +25,12 @@ Timing model (Baechi's, with two measured refinements):
     receiver's channel (one channel per device, first come first served),
     holds both for `Link.channel_us` (by default latency + bytes/bandwidth;
     gRPC's fitted overhead + bytes/bandwidth, so small transfers overlap)
-    and arrives latency + bytes/bandwidth after it started. Control edges
+    and arrives latency + bytes/bandwidth after it started. Where the
+    CommModel says transfers are CPU work (`CommModel.cpu_work`: gRPC
+    between server tasks), that channel time is also work on the sender's
+    and the receiver's cores, shared with the ops running there like an
+    op's (it takes no executor thread), and the tensor arrives no sooner
+    than both are done. Control edges
     move nothing and cost nothing, unless the CommModel says they are
     messages (TensorFlow's runtime sends one per op and destination device):
     then each is a zero-byte transfer.
@@ -111,10 +120,19 @@ class Schedule:
             if c is not None and p > c]
 
   def busy_us(self) -> tuple[float, ...]:
-    """Per device, the total time its compute stream was busy."""
-    busy = [0.0] * len(self.peak_bytes)
+    """Per device, the time it had an op running (ops that ran side by
+    side on it count once)."""
+    spans: list[list[tuple[float, float]]] = [[] for _ in self.peak_bytes]
     for name, d in self.device.items():
-      busy[d] += self.end_us[name] - self.start_us[name]
+      spans[d].append((self.start_us[name], self.end_us[name]))
+    busy = []
+    for intervals in spans:
+      total, reach = 0.0, float("-inf")
+      for begin, end in sorted(intervals):
+        if end > reach:
+          total += end - max(begin, reach)
+          reach = end
+      busy.append(total)
     return tuple(busy)
 
 
@@ -213,12 +231,14 @@ class _Timeline:
   """The event loop: ops start on free devices, run at the speed their
   device's sharing group allows, finish, and send their outputs.
 
-  Compute: each device runs one op at a time. Devices of one sharing group
-  (`Cluster.sharing`) divide their cores: while n of the group's ops run,
-  each advances at `sharing.rate(n)` of its profiled speed, so an op's end
-  is only known once no other op of its group starts or ends before it;
-  `_reshare` recomputes the group's ends at each such event (stale "end"
-  events are recognised by a version number).
+  Compute: each device runs one op at a time, or, where the sharing names
+  a thread pool, each group runs up to `sharing.threads` ops on any of its
+  devices. Devices of one sharing group (`Cluster.sharing`) divide their
+  cores: while n of the group's ops run, each advances at
+  `sharing.rate(n)` of its profiled speed, so an op's end is only known
+  once no other op of its group starts or ends before it; `_reshare`
+  recomputes the group's ends at each such event (stale "end" events are
+  recognised by a version number).
 
   Transfers: one per (tensor, destination device), and, when the CommModel
   says control dependencies are messages, one per (op, destination device)
@@ -242,6 +262,16 @@ class _Timeline:
     self.pending = {op.name: len(graph.in_edges(op.name)) for op in graph.ops}
     self.ready: list[list[tuple[object, str]]] = [[] for _ in range(num)]
     self.busy = [False] * num
+    # Thread pools: per group, the devices that draw on it and how many
+    # ops (not transfers' work) run on it.
+    self.pooled = sharing.threads is not None
+    self.ops_running = {g: 0 for g in set(self.group)}
+    # Transfers whose cores' work is modelled: index -> [parts left (the
+    # link's time, each side's work), readers, work per side].
+    self.in_flight: dict[int, list] = {}
+    self.members: dict[int, list[int]] = {}
+    for d, g in enumerate(self.group):
+      self.members.setdefault(g, []).append(d)
     self.channel_free = [0.0] * num
     self.start: dict[str, float] = {}
     self.end: dict[str, float] = {}
@@ -260,11 +290,19 @@ class _Timeline:
         _, _, kind, payload = heapq.heappop(self.events)
         if kind == "end":
           name, version = payload
-          if self.version.get(name) == version:
+          if self.version.get(name) != version:
+            continue
+          if isinstance(name, tuple):  # ("transfer", index, device)
+            self._finish_work(name, now)
+          else:
             self._finish(name, now)
-        else:
+        elif kind == "arrive":
           for dst in payload:
             self._satisfy(dst)
+        elif kind == "linked":  # a worked transfer's link time is over
+          self._part_done(payload, now)
+        else:  # "work": a worked transfer got its channels
+          self._start_work(payload, now)
       self._dispatch(now)
     if len(self.end) != len(self.graph):
       stuck = next(op.name for op in self.graph.ops
@@ -282,20 +320,44 @@ class _Timeline:
       heapq.heappush(self.ready[self.device[dst]], (self.rank[dst], dst))
 
   def _dispatch(self, now: float) -> None:
-    """Every free device starts its first ready op."""
+    """Every free device starts its first ready op; with thread pools,
+    each group fills its free threads with its lowest ranked ready ops."""
+    if self.pooled:
+      self._dispatch_pools(now)
+      return
     touched = set()
     for d, queue in enumerate(self.ready):
       if not self.busy[d] and queue:
         _, name = heapq.heappop(queue)
         self.busy[d] = True
-        self.start[name] = now
-        group = self.group[d]
-        self._advance(group, now)
-        self.running_in[group][name] = [
-            self.op_cost[name].compute_us + self.overhead[d], now]
-        touched.add(group)
+        touched.add(self._begin(name, d, now))
     for group in touched:
       self._reshare(group, now)
+
+  def _dispatch_pools(self, now: float) -> None:
+    threads = self.sharing.threads
+    for group, devices in self.members.items():
+      started = False
+      while self.ops_running[group] < threads:
+        queues = [(self.ready[d][0], d) for d in devices if self.ready[d]]
+        if not queues:
+          break
+        _, d = min(queues)
+        _, name = heapq.heappop(self.ready[d])
+        self._begin(name, d, now)
+        started = True
+      if started:
+        self._reshare(group, now)
+
+  def _begin(self, name: str, d: int, now: float) -> int:
+    """Starts op `name` on device `d`; returns its sharing group."""
+    self.start[name] = now
+    group = self.group[d]
+    self._advance(group, now)
+    self.running_in[group][name] = [
+        self.op_cost[name].compute_us + self.overhead[d], now]
+    self.ops_running[group] += 1
+    return group
 
   def _advance(self, group: int, now: float) -> None:
     """Work done by the group's running ops since their last update."""
@@ -319,6 +381,7 @@ class _Timeline:
     group = self.group[d]
     self._advance(group, now)
     del self.running_in[group][name]
+    self.ops_running[group] -= 1
     self._reshare(group, now)
     self.end[name] = now
     self.busy[d] = False
@@ -345,11 +408,54 @@ class _Timeline:
           self._satisfy(e.dst)
         continue
       t0 = max(now, self.channel_free[d], self.channel_free[dd])
-      self.channel_free[d] = self.channel_free[dd] = t0 + min(
-          duration, link.channel_us(nbytes))
+      channel = min(duration, link.channel_us(nbytes))
+      self.channel_free[d] = self.channel_free[dd] = t0 + channel
+      readers = tuple(e.dst for e in edges)
+      if not (self.comm.cpu_work and channel > 0):
+        self.transfers.append(Transfer(name, port, d, dd, nbytes, t0,
+                                       t0 + duration))
+        self._push(t0 + duration, "arrive", readers)
+        continue
+      k = len(self.transfers)
       self.transfers.append(Transfer(name, port, d, dd, nbytes, t0,
                                      t0 + duration))
-      self._push(t0 + duration, "arrive", tuple(e.dst for e in edges))
+      self.in_flight[k] = [3, readers, channel]
+      self._push(t0 + duration, "linked", k)
+      if t0 > now:
+        self._push(t0, "work", k)
+      else:
+        self._start_work(k, now)
+
+  def _start_work(self, k: int, now: float) -> None:
+    """Transfer `k`'s work joins its sender's and receiver's cores."""
+    transfer, work = self.transfers[k], self.in_flight[k][2]
+    groups = []
+    for device in (transfer.src_device, transfer.dst_device):
+      group = self.group[device]
+      self._advance(group, now)
+      self.running_in[group][("transfer", k, device)] = [work, now]
+      groups.append(group)
+    for group in set(groups):
+      self._reshare(group, now)
+
+  def _finish_work(self, key: tuple, now: float) -> None:
+    group = self.group[key[2]]
+    self._advance(group, now)
+    del self.running_in[group][key]
+    self._reshare(group, now)
+    self._part_done(key[1], now)
+
+  def _part_done(self, k: int, now: float) -> None:
+    """One of transfer `k`'s parts ended; after the last it arrives."""
+    state = self.in_flight[k]
+    state[0] -= 1
+    if state[0]:
+      return
+    del self.in_flight[k]
+    if now > self.transfers[k].end_us:
+      self.transfers[k] = dataclasses.replace(self.transfers[k], end_us=now)
+    for dst in state[1]:
+      self._satisfy(dst)
 
 
 def _peak_memory(graph, device, op_cost, start, end,
