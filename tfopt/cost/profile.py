@@ -27,14 +27,15 @@ placer needs. Grappler is off, so the ops measured are exactly the graph's.
 Tracing perturbs what it times: the same step's traced op times summed to
 0.8x-1.2x of its untraced step from one profile to the next. On one device
 the traced times are therefore scaled to add up to the median untraced step
-of the same session (`clock=True`): the profile gives each op's share, the
-clock the total.
+of the same session (`clock=True`), timed between the traced runs: the
+profile gives each op's share, the clock the total.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import statistics
+import time
 from typing import Sequence
 
 import numpy as np
@@ -42,7 +43,6 @@ import tensorflow as tf
 
 from tfopt._quiet import native_info_logs_quiet
 from tfopt._errors import check_positive_int, invalid_argument
-from tfopt._timing import median_us
 from tfopt.cost import analytic
 from tfopt.cost.cost_model import CostModel, OpCost
 from tfopt.graph.capture import CapturedStep, opgraph_from_graphdef
@@ -108,7 +108,18 @@ def shared_times(node_stats, cores: int, ops=None) -> dict[str, float]:
     begin = ns.all_start_nanos + ns.op_start_rel_nanos
     end = ns.all_start_nanos + ns.op_end_rel_nanos
     if end > begin:
-      spans.append((begin, end, ns.node_name))
+      spans.append((begin / 1e3, end / 1e3, ns.node_name))
+  return core_shares(spans, cores)
+
+
+def core_shares(spans, cores: int) -> dict[str, float]:
+  """Per name, the core time its (begin, end, name) spans had on `cores`
+  cores: while n spans are open, each has min(1, cores / n) of the time
+  (`shared_times`' rule, for any timeline, e.g. a simulated one).
+
+  >>> core_shares([(0.0, 4.0, "a"), (2.0, 6.0, "b")], 1)
+  {'a': 3.0, 'b': 3.0}
+  """
   events = sorted([(b, 1, k) for k, (b, _, _) in enumerate(spans)] +
                   [(e, -1, k) for k, (_, e, _) in enumerate(spans)])
   share = [0.0] * len(spans)
@@ -126,7 +137,7 @@ def shared_times(node_stats, cores: int, ops=None) -> dict[str, float]:
       active.discard(k)
   out: dict[str, float] = {}
   for (_, _, name), ns in zip(spans, share):
-    out[name] = out.get(name, 0.0) + ns / 1e3
+    out[name] = out.get(name, 0.0) + ns
   return out
 
 
@@ -186,8 +197,9 @@ def profile_step(step: CapturedStep, *,
   with StepSession(step, config=config, graph_def=graph_def,
                    target=target) as session:
     samples = _traced_samples(session, inputs, steps, warmup, bar,
-                              cores_per_device, {op.name for op in graph.ops})
-    untraced = _untraced_us(session, inputs, steps) if scaled else None
+                              cores_per_device, {op.name for op in graph.ops},
+                              UNTRACED_PER_TRACED if scaled else 0)
+  untraced = statistics.median(samples.untraced_us) if scaled else None
   costs, notes = _costs_from(graph, samples, steps, set(step.input_names),
                              fallback)
   note = ""
@@ -212,11 +224,21 @@ class _Samples:
   temps: dict[str, list[int]] = dataclasses.field(default_factory=dict)
   persistent: dict[str, int] = dataclasses.field(default_factory=dict)
   ran: dict[str, str] = dataclasses.field(default_factory=dict)  # op type
+  untraced_us: list[float] = dataclasses.field(default_factory=list)
+
+
+# Untraced steps timed after each traced one, for the clock the op times
+# are scaled to: spread over the whole profile, they see the machine the
+# traced runs saw (this VM's speed drifts within seconds; five untraced
+# steps timed back to back once, about 50 ms of a CNN's, put one profile's
+# level 1.6x off the step measured seconds later).
+UNTRACED_PER_TRACED = 3
 
 
 def _traced_samples(session, inputs, steps, warmup, bar, cores,
-                    op_names) -> _Samples:
-  """`warmup` untraced runs, then `steps` traced ones read op by op."""
+                    op_names, untraced_per_traced: int = 0) -> _Samples:
+  """`warmup` untraced runs, then `steps` traced ones read op by op, each
+  followed by `untraced_per_traced` timed untraced runs."""
   for i in range(warmup):
     session.run(inputs)
     if bar:
@@ -238,14 +260,13 @@ def _traced_samples(session, inputs, steps, warmup, bar, cores,
       out.times.setdefault(name, []).append(t)
       out.temps.setdefault(name, []).append(temp)
       out.persistent[name] = max(out.persistent.get(name, 0), pers)
+    for _ in range(untraced_per_traced):
+      began = time.perf_counter()
+      session.run(inputs)
+      out.untraced_us.append((time.perf_counter() - began) * 1e6)
     if bar:
       bar.update(warmup + i + 1)
   return out
-
-
-def _untraced_us(session, inputs, steps: int) -> float:
-  """The median of `steps` untraced steps' wall times, microseconds."""
-  return median_us(lambda: session.run(inputs), steps, warmup=0)
 
 
 def _costs_from(graph, samples: _Samples, steps: int, fed: set[str],

@@ -21,7 +21,10 @@ threads), measures, and returns a `tfopt.calibration.Calibration`:
    together, in [1, 2] (`fit_capacity`). Logical devices and unpinned
    processes of one host share their cores (one group, that capacity); a
    pinned task has one core of its own (its own group, capacity 1: two ops
-   it runs at once share that core).
+   it runs at once share that core). The executors' thread pools are
+   recorded with it (`Calibration.sharing`): logical devices draw on
+   their process's one inter-op pool, a pinned task on its own two
+   threads.
 5. **Per-op overhead.** Chains of 100 and 500 dependent scalar adds on one
    device: what the executor spends per op beyond its kernel (a profile
    times kernels alone; a step of hundreds of small ops pays this for
@@ -104,9 +107,11 @@ def fit_link(points: Sequence[tuple[int, float]], *,
 
 # The chains of `measure_sharing`: (matrix size, chain length). Small
 # MatMuls run on one thread and two of them side by side barely slow each
-# other; large ones use every core alone. Measured here on logical CPUs:
-# capacity 1.9 for 64 x 64, 1.1-1.3 for 512 and 1024. The sum over a mix is
-# dominated by the large ones, as a training step's time is.
+# other; large ones use every core alone. Measured here on 2 logical CPUs
+# (warmed up): capacity 1.7-1.8 for 16 x 512 by 512 x 512, 1.0-1.04 for
+# 256 x 1024 by 1024 x 1024 and for 1024 x 1024, 1.1 for element-wise
+# chains over 4 MB. The sum over a mix is dominated by the large ones, as
+# a training step's time is.
 SHARING_CHAINS = ((64, 40), (256, 12), (1024, 3))
 
 
@@ -142,8 +147,15 @@ def measure_sharing(devices: Sequence[str], *, target: str = "",
   with tf.compat.v1.Session(target, graph=graph,
                             config=_plain_config(config)) as session:
     session.run(init)
-    for ends in built:  # warm-up: allocations, kernels
-      session.run(ends)
+    # Warm-up of both fetches: a session builds an executor per fetch on
+    # its first run, and the first runs of a chain alone were slower
+    # (allocations, oneDNN's primitive cache): without them the chain
+    # alone measured 35 ms and then 22 ms, and the capacity of 1024 x 1024
+    # MatMuls 1.21 against 1.02-1.04 warmed up.
+    for ends in built:
+      for _ in range(2):
+        session.run(ends[0])
+        session.run(ends)
     alone, together = 0.0, 0.0
     # Interleaved rounds, medians: drift on a shared machine touches both.
     for ends in built:

@@ -52,6 +52,10 @@ class MeasuredStep:
   ops: Mapping[str, tuple[int, float, float]]
   transfers: tuple[MeasuredTransfer, ...] | None
   wall_us: float
+  # Where ops' intervals were cut to their share of a device's cores
+  # (read_timeline's `cores_per_device`): the simulated side is then cut
+  # the same way before the two are compared.
+  cores_per_device: int | None = None
 
   def busy_us(self, num_devices: int) -> tuple[float, ...]:
     busy = [0.0] * num_devices
@@ -90,7 +94,7 @@ def read_timeline(run_metadata, device_names: Sequence[str],
           end = start + shared[ns.node_name]
         times[ns.node_name] = (d, start, end)
   if not times:
-    return MeasuredStep({}, None, 0.0)
+    return MeasuredStep({}, None, 0.0, cores_per_device)
   origin = min(start for _, start, _ in times.values())
   ops_rel = {n: (d, s - origin, e - origin) for n, (d, s, e) in times.items()}
   transfers = []
@@ -105,7 +109,8 @@ def read_timeline(run_metadata, device_names: Sequence[str],
         int(float(match["size"]) * _UNITS[match["unit"]]), start,
         start + ns.all_end_rel_micros))
   ends = [e for _, _, e in ops_rel.values()] + [t.end_us for t in transfers]
-  return MeasuredStep(ops_rel, tuple(transfers) if rpcs else None, max(ends))
+  return MeasuredStep(ops_rel, tuple(transfers) if rpcs else None, max(ends),
+                      cores_per_device)
 
 
 def measure_timeline(step, graph_def, inputs: Sequence, device_names:
@@ -128,6 +133,24 @@ def measure_timeline(step, graph_def, inputs: Sequence, device_names:
           trace_level=tf.compat.v1.RunOptions.FULL_TRACE),
                   run_metadata=metadata)
   return read_timeline(metadata, device_names, ops, cores_per_device)
+
+
+def _simulated_kernel_us(schedule, cores_per_device: int | None
+                         ) -> dict[str, float]:
+  """Per op, its simulated interval, or (with `cores_per_device`, as the
+  measured side was read) its share of its device's cores."""
+  if not cores_per_device:
+    return {n: schedule.end_us[n] - schedule.start_us[n]
+            for n in schedule.start_us}
+  from tfopt.cost.profile import core_shares  # pylint: disable=g-import-not-at-top
+  spans: dict[int, list] = {}
+  for n, d in schedule.device.items():
+    spans.setdefault(d, []).append((schedule.start_us[n], schedule.end_us[n],
+                                    n))
+  out: dict[str, float] = {}
+  for device_spans in spans.values():
+    out.update(core_shares(device_spans, cores_per_device))
+  return out
 
 
 def _most_at_once(spans) -> int:
@@ -191,12 +214,12 @@ def compare_timeline(schedule, measured: MeasuredStep,
   graph and plan)."""
   num = len(schedule.peak_bytes)
   common = [n for n in measured.ops if n in schedule.start_us]
+  simulated = _simulated_kernel_us(schedule, measured.cores_per_device)
   meas_kernel = sum(measured.ops[n][2] - measured.ops[n][1] for n in common)
-  sim_kernel = sum(schedule.end_us[n] - schedule.start_us[n] for n in common)
+  sim_kernel = sum(simulated[n] for n in common)
   overrun = sorted(
-      ((n, measured.ops[n][2] - measured.ops[n][1],
-        schedule.end_us[n] - schedule.start_us[n]) for n in common),
-      key=lambda r: r[2] - r[1])[:top]
+      ((n, measured.ops[n][2] - measured.ops[n][1], simulated[n])
+       for n in common), key=lambda r: r[2] - r[1])[:top]
   sim_spans = [(t.start_us, t.end_us) for t in schedule.transfers]
   meas = measured.transfers
   return TimelineComparison(
