@@ -98,6 +98,33 @@ class CostModel(Mapping[str, OpCost]):
         parts.append(f"{len(ops)} {label}: {', '.join(ops[:limit])}{more}")
     return "; ".join(parts)
 
+  def scaled_to(self, total_us: float, *, why: str = "") -> "CostModel":
+    """The measured ops' times scaled so that all ops add up to
+    `total_us` (estimated ones kept): a profile brought to the level of a
+    step timed at another moment, as `profile_step`'s clock does. Where
+    nothing measured is left to scale (or the estimates alone exceed
+    `total_us`), the costs unchanged. `why` is added to the source.
+
+    >>> c = CostModel({"a": OpCost(2.0), "b": OpCost(1.0, profiled=False)})
+    >>> c.scaled_to(5.0)["a"].compute_us
+    4.0
+    """
+    if isinstance(total_us, bool) or not isinstance(
+        total_us, (int, float)) or not 0 < total_us < float("inf"):
+      raise invalid_argument("total_us", "a positive finite number",
+                             total_us)
+    measured = sum(c.compute_us for c in self._costs.values() if c.profiled)
+    rest = sum(c.compute_us for c in self._costs.values() if not c.profiled)
+    if measured <= 0 or total_us <= rest:
+      return self
+    scale = (total_us - rest) / measured
+    return CostModel(
+        {n: dataclasses.replace(c, compute_us=c.compute_us * scale)
+         if c.profiled else c for n, c in self._costs.items()},
+        source=self.source + (f", scaled x{scale:.2f} {why}".rstrip()
+                              if why else f", scaled x{scale:.2f}"),
+        notes=self.notes)
+
   def compute_times(self) -> dict[str, float]:
     """Op name -> compute_us, the form graph analyses take."""
     return {k: c.compute_us for k, c in self._costs.items()}

@@ -202,19 +202,18 @@ def profile_step(step: CapturedStep, *,
   untraced = statistics.median(samples.untraced_us) if scaled else None
   costs, notes = _costs_from(graph, samples, steps, set(step.input_names),
                              fallback)
-  note = ""
-  if untraced is not None:
-    costs, scale = _scaled_to(costs, untraced)
-    note = (f", scaled x{scale:.2f} to the untraced step "
-            f"({untraced / 1e3:.2f} ms)")
   where = ("one device" if graph_def is None else
            f"{len(devices)} devices of a first plan" if len(devices) > 1
            else "one device")
-  return CostModel(costs, notes=notes, source=(
+  model = CostModel(costs, notes=notes, source=(
       f"profiled on this machine ({where}): median of {steps} traced steps "
       f"after {warmup} warm-up, inter_op_threads={inter_op_threads}"
       + (f", shared among {cores_per_device} core(s) per device"
-         if cores_per_device else "") + note + f", TF {tf.__version__}"))
+         if cores_per_device else "") + f", TF {tf.__version__}"))
+  if untraced is None:
+    return model
+  return model.scaled_to(untraced, why=f"to the untraced step "
+                         f"({untraced / 1e3:.2f} ms)")
 
 
 @dataclasses.dataclass
@@ -323,16 +322,3 @@ def _fused_into(graph, name: str, ran: dict[str, str]) -> str | None:
           [s.dst for e in edges for s in graph.out_edges(e.src)
            if not s.is_control and s.dst != name])
   return next((n for n in sorted(set(near)) if fused(n)), None)
-
-
-def _scaled_to(costs: dict[str, OpCost], total_us: float
-               ) -> tuple[dict[str, OpCost], float]:
-  """The measured ops' times scaled so that all ops add up to `total_us`;
-  the scale."""
-  measured = sum(c.compute_us for c in costs.values() if c.profiled)
-  rest = sum(c.compute_us for c in costs.values() if not c.profiled)
-  if measured <= 0 or total_us <= rest:
-    return costs, 1.0
-  scale = (total_us - rest) / measured
-  return {n: dataclasses.replace(c, compute_us=c.compute_us * scale)
-          if c.profiled else c for n, c in costs.items()}, scale
