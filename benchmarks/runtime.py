@@ -266,31 +266,13 @@ def _config_row(step, graph_def, inputs, reference, calibration, where,
                 rounds, steps):
   """One configuration's row (see `placed_section`); `where` is what
   `_devices` yields."""
-  from tfopt import Cluster
-  from tfopt.graph.capture import opgraph_from_graphdef
-  from tfopt.passes import PassContext, PassManager, merge_control_inputs
-  from tfopt.passes.place import step_costs
-  from tfopt.runtime import (StepSession, check_rewritten, compare_timeline,
-                             measure_timeline)
-  from tfopt.runtime.prediction import placement_of
+  from tfopt.runtime import StepSession, compare_timeline, measure_timeline
   from tfopt.runtime.select import select_measured
   from tfopt.runtime.speedup import interleaved
-  from tfopt.simulate import simulate
   names, target, config, alone, alone_target, costs, clock = where
-  n = len(names)
   after = calibration.cluster(names)
-  before = Cluster.uniform(n, device_type="CPU", names=names)
-  ctx = PassContext.for_step(step, costs=costs, cluster=after, placer="auto")
-  started = time.perf_counter()
-  pre = PassManager("place").run(graph_def, ctx).graph
-  place_s = time.perf_counter() - started
-  plan = ctx.results["placement"]
-  placed = merge_control_inputs(pre)[0]
-  check_rewritten(step, [inputs] * 2, placed, reference=reference,
-                  target=target, config=config, what="placed step")
-  graph = opgraph_from_graphdef(placed, inline=False,
-                                batch_size=step.batch_size)
-  placement = placement_of(placed, names)
+  pre, plan, placed, place_s = _placed(step, graph_def, inputs, reference,
+                                       costs, after, target, config)
   sessions = [StepSession(step, graph_def=alone, target=alone_target,
                           config=None if not alone_target else config),
               StepSession(step, graph_def=placed, target=target,
@@ -301,19 +283,8 @@ def _config_row(step, graph_def, inputs, reference, calibration, where,
   finally:
     for session in sessions:
       session.close()
-  # The profile brought to the machine's speed of these rounds: its clock
-  # (the step it timed untraced) timed again beside the placed step. This
-  # VM's speed drifts by up to 1.6x within minutes, which moved rows by
-  # +-25 % between runs while the model stayed the same.
-  level = clock_us / costs.total_compute_us()
-  costed_then = step_costs(graph, PassContext(costs=costs))
-  costed = step_costs(graph, PassContext(costs=costs.scaled_to(
-      clock_us, why="to the profile's step timed beside the placed one")))
-  sim_then = simulate(graph, placement, costed_then, after)
-  sim_after = simulate(graph, placement, costed, after)
-  sim_before = simulate(graph, placement, costed, before)
-  sim_one = simulate(graph, dict.fromkeys(placement, 0), costed, after)
-  timeline = compare_timeline(sim_after, measure_timeline(
+  placement, sim = _simulated(step, placed, names, costs, clock_us, after)
+  timeline = compare_timeline(sim["after"], measure_timeline(
       step, placed, inputs, names, target=target, config=config,
       cores_per_device=calibration.cores_per_device))
   selection = select_measured(step, pre, plan, names, inputs, target=target,
@@ -327,19 +298,69 @@ def _config_row(step, graph_def, inputs, reference, calibration, where,
       "devices_used": len(set(placement.values())),
       "one_device_ms": one_us / 1e3, "placed_ms": placed_us / 1e3,
       "placed_over_one": placed_us / one_us,
-      "one_device_simulated_ms": sim_one.makespan_us / 1e3,
-      "profile_level": level,
-      "simulated_before_ms": sim_before.makespan_us / 1e3,
-      "simulated_after_ms": sim_after.makespan_us / 1e3,
-      "simulated_after_unleveled_ms": sim_then.makespan_us / 1e3,
-      "measured_over_simulated_before": placed_us / sim_before.makespan_us,
-      "measured_over_simulated_after": placed_us / sim_after.makespan_us,
-      "measured_over_simulated_unleveled": placed_us / sim_then.makespan_us,
+      "one_device_simulated_ms": sim["one"] / 1e3,
+      "profile_level": clock_us / costs.total_compute_us(),
+      "simulated_before_ms": sim["before"].makespan_us / 1e3,
+      "simulated_after_ms": sim["after"].makespan_us / 1e3,
+      "simulated_after_unleveled_ms": sim["unleveled"] / 1e3,
+      "measured_over_simulated_before":
+          placed_us / sim["before"].makespan_us,
+      "measured_over_simulated_after": placed_us / sim["after"].makespan_us,
+      "measured_over_simulated_unleveled": placed_us / sim["unleveled"],
       "measured_select": selection.best.placer,
       "measured_select_ms": selection.best.measured_us / 1e3,
       "measured_select_over_one": selection.best.measured_us / (
           alone_in_rounds or one_us),
       "selection": selection.table(), "timeline": timeline.table()}
+
+
+def _placed(step, graph_def, inputs, reference, costs, cluster, target,
+            config):
+  """(graph before the control pass, plan, placed graph, seconds placing):
+  `auto` on the calibrated `cluster`, then the control pass, the placed
+  step checked against `reference`."""
+  from tfopt.passes import PassContext, PassManager, merge_control_inputs
+  from tfopt.runtime import check_rewritten
+  ctx = PassContext.for_step(step, costs=costs, cluster=cluster,
+                             placer="auto")
+  started = time.perf_counter()
+  pre = PassManager("place").run(graph_def, ctx).graph
+  place_s = time.perf_counter() - started
+  placed = merge_control_inputs(pre)[0]
+  check_rewritten(step, [inputs] * 2, placed, reference=reference,
+                  target=target, config=config, what="placed step")
+  return pre, ctx.results["placement"], placed, place_s
+
+
+def _simulated(step, placed, names, costs, clock_us, after):
+  """(placement, simulations) of the placed step: "after" and "before"
+  calibration (Baechi's PCIe-like link, devices computing apart) and "one"
+  device (us) with the profile brought to the machine's speed of the
+  measured rounds, "unleveled" (us) at the profile's own level.
+
+  The level: the profile's clock (the step it timed untraced) timed again
+  beside the placed step. This VM's speed drifts by up to 1.6x within
+  minutes, which moved rows by +-25 % between runs while the model stayed
+  the same."""
+  from tfopt import Cluster
+  from tfopt.graph.capture import opgraph_from_graphdef
+  from tfopt.passes import PassContext
+  from tfopt.passes.place import step_costs
+  from tfopt.runtime.prediction import placement_of
+  from tfopt.simulate import simulate
+  graph = opgraph_from_graphdef(placed, inline=False,
+                                batch_size=step.batch_size)
+  placement = placement_of(placed, names)
+  before = Cluster.uniform(len(names), device_type="CPU", names=names)
+  costed = step_costs(graph, PassContext(costs=costs.scaled_to(
+      clock_us, why="to the profile's step timed beside the placed one")))
+  unleveled = step_costs(graph, PassContext(costs=costs))
+  return placement, {
+      "after": simulate(graph, placement, costed, after),
+      "before": simulate(graph, placement, costed, before),
+      "one": simulate(graph, dict.fromkeys(placement, 0), costed,
+                      after).makespan_us,
+      "unleveled": simulate(graph, placement, unleveled, after).makespan_us}
 
 
 def speedup_section(rounds, steps):
