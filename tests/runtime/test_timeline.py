@@ -42,3 +42,17 @@ def test_a_placed_steps_ops_are_read_back_where_they_ran():
   assert comparison.transfers_simulated == len(schedule.transfers) > 0
   table = comparison.table()
   assert "busy per device" in table and "not observable" in table
+
+
+def test_busy_time_counts_ops_side_by_side_once():
+  from tfopt.runtime.timeline import MeasuredStep
+  # Device 0: a [0, 4] and b [2, 6] side by side (two inter-op threads),
+  # then c [8, 9]: busy 7 us, not 9. Device 1: d [1, 3].
+  ops = {"a": (0, 0.0, 4.0), "b": (0, 2.0, 6.0), "c": (0, 8.0, 9.0),
+         "d": (1, 1.0, 3.0)}
+  assert MeasuredStep(ops, None, 9.0).busy_us(2) == (7.0, 2.0)
+  # Intervals already cut to core shares (a pinned task's one core): their
+  # sum is the core time used.
+  assert MeasuredStep(ops, None, 9.0, cores_per_device=1).busy_us(2) == (
+      9.0, 2.0)
+  assert MeasuredStep(ops, None, 9.0).busy_us(3) == (7.0, 2.0, 0.0)

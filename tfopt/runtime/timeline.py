@@ -22,6 +22,7 @@ from typing import Mapping, Sequence
 import tensorflow as tf
 
 from tfopt._quiet import native_info_logs_quiet
+from tfopt._timing import union_us
 from tfopt.runtime.session import StepSession, same_device
 
 _RPC = re.compile(r"\[(?P<size>[\d.]+)(?P<unit>B|KB|MB|GB)\].*?edge_\d+_"
@@ -58,11 +59,17 @@ class MeasuredStep:
   cores_per_device: int | None = None
 
   def busy_us(self, num_devices: int) -> tuple[float, ...]:
-    busy = [0.0] * num_devices
+    """Per device, the time it had an op running: ops that ran side by
+    side on it (an inter-op pool of several threads) count once, as in
+    `Schedule.busy_us`. Where intervals were cut to core shares, their
+    sum: the core time the device used."""
+    spans: list[list[tuple[float, float]]] = [[] for _ in range(num_devices)]
     for d, start, end in self.ops.values():
       if 0 <= d < num_devices:
-        busy[d] += end - start
-    return tuple(busy)
+        spans[d].append((start, end))
+    if self.cores_per_device:
+      return tuple(sum(e - s for s, e in device) for device in spans)
+    return tuple(union_us(device) for device in spans)
 
 
 def _device_index(name: str, device_names: Sequence[str]) -> int:

@@ -63,6 +63,7 @@ import heapq
 from typing import TYPE_CHECKING, Mapping, Sequence
 
 from tfopt._errors import invalid_argument
+from tfopt._timing import union_us
 from tfopt.cluster import Cluster, ComputeSharing
 from tfopt.cost.cost_model import op_costs
 from tfopt.graph import aliasing
@@ -125,15 +126,7 @@ class Schedule:
     spans: list[list[tuple[float, float]]] = [[] for _ in self.peak_bytes]
     for name, d in self.device.items():
       spans[d].append((self.start_us[name], self.end_us[name]))
-    busy = []
-    for intervals in spans:
-      total, reach = 0.0, float("-inf")
-      for begin, end in sorted(intervals):
-        if end > reach:
-          total += end - max(begin, reach)
-          reach = end
-      busy.append(total)
-    return tuple(busy)
+    return tuple(union_us(intervals) for intervals in spans)
 
 
 def simulate(graph: OpGraph, placement: Placement | Mapping[str, int], costs,
