@@ -154,19 +154,9 @@ def prune_moe(model, data, method: str = "moe_pruner", sparsity=None,
   Returns a `PruneReport`; `report.masks` maps variable paths to keep-masks.
   """
   import keras  # pylint: disable=import-outside-toplevel
-  if method not in methods_lib.METHODS:
-    raise invalid_argument("method", f"one of {methods_lib.METHODS}", method)
-  pat = resolve_pattern(sparsity, pattern)
-  check_positive_int("batch_size", batch_size)
-  check_positive_int("blocksize", blocksize)
-  if method == "sparsegpt" and pat.structured and blocksize % pat.m:
-    raise invalid_argument("blocksize", f"a multiple of M={pat.m}", blocksize)
-  if wanda_tokens not in ("routed", "all"):
-    raise invalid_argument("wanda_tokens", '"routed" or "all"', wanda_tokens)
-  if previous_masks and method == "sparsegpt":
-    raise invalid_argument("previous_masks", "None with method='sparsegpt' "
-                           "(its weight updates cannot keep an earlier mask)",
-                           "{...}")
+  opts = _Options(method, resolve_pattern(sparsity, pattern), wanda_tokens,
+                  blocksize, percdamp, min_tokens, previous_masks or {})
+  _check_arguments(opts, batch_size)
   layers = find_moe_layers(model)
   adapters = {id(layer): adapter_for(layer) for layer in layers}
   for layer in _dense_layers(model, also_prune):
@@ -175,77 +165,136 @@ def prune_moe(model, data, method: str = "moe_pruner", sparsity=None,
   batches = _batches(model, data, batch_size)
   for layer in layers:
     for k in adapters[id(layer)].kernels(layer):
-      check_divides(pat, int(k.variable.shape[-2]),
+      check_divides(opts.pattern, int(k.variable.shape[-2]),
                     f"{layer.name}/{k.name}")
   start = time.perf_counter()
   layers = _ordered(model, batches[0], layers)
-  caught: list[str] = []
-  kernels: list[KernelReport] = []
-  masks: dict[str, np.ndarray] = {}
+  report = PruneReport(method, opts.pattern, [], {}, 0.0, [])
   bar = keras.utils.Progbar(len(layers), verbose=verbose,
                             unit_name="layer") if verbose else None
   for li, layer in enumerate(layers):
-    adapter = adapters[id(layer)]
-    uses_data = method != "magnitude"
-    inputs: list = []
-    if uses_data:  # magnitude needs no forward pass
-      with capture_inputs([layer]) as capture:
-        for batch in batches:
-          model(batch, training=False)
-      inputs = capture.of(layer)
-    gates = [ops.convert_to_numpy(adapter.gates(layer, x)) for x in inputs]
-    for stage in (INPUT, HIDDEN):
-      stage_kernels = [k for k in adapter.kernels(layer) if k.stage == stage]
-      if not stage_kernels:
-        continue
-      d_in = int(stage_kernels[0].variable.shape[-2])
-      stats = methods_lib.Stats.zeros(adapter.num_experts(layer), d_in,
-                                      hessian=method == "sparsegpt")
-      for x, g in zip(inputs, gates):
-        # HIDDEN inputs are recomputed with the just-pruned INPUT kernels.
-        stats.add(x if stage == INPUT else
-                  ops.convert_to_numpy(adapter.expert_hidden(layer, x)), g)
-      starved = [int(e) for e in np.flatnonzero(stats.tokens == 0)]
-      few = [int(e) for e in np.flatnonzero(
-          (stats.tokens > 0) & (stats.tokens < min_tokens))]
-      if uses_data and stage == INPUT:
-        if starved:
-          msg = (f"MoE layer '{layer.name}': experts {starved} received no "
-                 f"calibration token; they are pruned by magnitude.")
-          caught.append(msg)
-          warnings.warn(msg, TfoptWarning, stacklevel=2)
-        if few:
-          msg = (f"MoE layer '{layer.name}': experts {few} received fewer "
-                 f"than min_tokens={min_tokens} calibration tokens "
-                 f"({stats.tokens[few].tolist()}); their statistics are "
-                 "noisy.")
-          caught.append(msg)
-          warnings.warn(msg, TfoptWarning, stacklevel=2)
-      for k in stage_kernels:
-        var = k.variable
-        old = ops.convert_to_numpy(var)
-        prev = (previous_masks or {}).get(var.path)
-        flat = old.ndim == 2  # a Dense kernel: one expert
-        if flat:
-          old = old[None]
-          prev = None if prev is None else np.asarray(prev)[None]
-        new, keep = _prune(method, old, stats, pat, wanda_tokens, blocksize,
-                           percdamp, starved if uses_data else (), prev)
-        if flat:
-          old, new, keep = old[0], new[0], keep[0]
-        var.assign(new.astype(old.dtype))
-        masks[var.path] = keep
-        tokens = stats.tokens if uses_data else np.zeros(1, int)
-        kernels.append(KernelReport(layer.name, k.name, var.path, old.shape,
-                                    1.0 - keep.mean(), int(tokens.min()),
-                                    int(tokens.max())))
+    _prune_layer(model, layer, adapters[id(layer)], batches, opts, report)
     if bar is not None:
       bar.update(li + 1)
-  report = PruneReport(method, pat, kernels, masks,
-                       time.perf_counter() - start, caught)
+  report.seconds = time.perf_counter() - start
   if install:
-    install_masks(model, masks)
+    install_masks(model, report.masks)
   return report
+
+
+@dataclasses.dataclass(frozen=True)
+class _Options:
+  """`prune_moe`'s choices, as every step of it needs them."""
+  method: str
+  pattern: Pattern
+  wanda_tokens: str
+  blocksize: int
+  percdamp: float
+  min_tokens: int
+  previous_masks: dict
+
+  @property
+  def uses_data(self) -> bool:
+    return self.method != "magnitude"  # magnitude needs no forward pass
+
+
+def _check_arguments(opts: _Options, batch_size: int) -> None:
+  if opts.method not in methods_lib.METHODS:
+    raise invalid_argument("method", f"one of {methods_lib.METHODS}",
+                           opts.method)
+  check_positive_int("batch_size", batch_size)
+  check_positive_int("blocksize", opts.blocksize)
+  if (opts.method == "sparsegpt" and opts.pattern.structured
+      and opts.blocksize % opts.pattern.m):
+    raise invalid_argument("blocksize", f"a multiple of M={opts.pattern.m}",
+                           opts.blocksize)
+  if opts.wanda_tokens not in ("routed", "all"):
+    raise invalid_argument("wanda_tokens", '"routed" or "all"',
+                           opts.wanda_tokens)
+  if opts.previous_masks and opts.method == "sparsegpt":
+    raise invalid_argument("previous_masks", "None with method='sparsegpt' "
+                           "(its weight updates cannot keep an earlier mask)",
+                           "{...}")
+
+
+def _prune_layer(model, layer, adapter, batches, opts: _Options,
+                 report: PruneReport) -> None:
+  """Prunes one layer's kernels, first stage then second, adding their
+  rows, masks and warnings to `report`."""
+  inputs: list = []
+  if opts.uses_data:
+    with capture_inputs([layer]) as capture:
+      for batch in batches:
+        model(batch, training=False)
+    inputs = capture.of(layer)
+  gates = [ops.convert_to_numpy(adapter.gates(layer, x)) for x in inputs]
+  for stage in (INPUT, HIDDEN):
+    stage_kernels = [k for k in adapter.kernels(layer) if k.stage == stage]
+    if not stage_kernels:
+      continue
+    stats = _stage_stats(layer, adapter, stage, stage_kernels, inputs, gates,
+                         opts)
+    starved = [int(e) for e in np.flatnonzero(stats.tokens == 0)]
+    if opts.uses_data and stage == INPUT:
+      _warn_starved(layer, stats, starved, opts.min_tokens, report)
+    for k in stage_kernels:
+      _prune_kernel(layer, k, stats, starved if opts.uses_data else (),
+                    opts, report)
+
+
+def _stage_stats(layer, adapter, stage, stage_kernels, inputs, gates,
+                 opts: _Options):
+  """The calibration statistics of one stage's inputs, per expert."""
+  d_in = int(stage_kernels[0].variable.shape[-2])
+  stats = methods_lib.Stats.zeros(adapter.num_experts(layer), d_in,
+                                  hessian=opts.method == "sparsegpt")
+  for x, g in zip(inputs, gates):
+    # HIDDEN inputs are recomputed with the just-pruned INPUT kernels.
+    stats.add(x if stage == INPUT else
+              ops.convert_to_numpy(adapter.expert_hidden(layer, x)), g)
+  return stats
+
+
+def _warn_starved(layer, stats, starved, min_tokens: int,
+                  report: PruneReport) -> None:
+  """Warns about experts with no or too few calibration tokens."""
+  few = [int(e) for e in np.flatnonzero(
+      (stats.tokens > 0) & (stats.tokens < min_tokens))]
+  messages = []
+  if starved:
+    messages.append(f"MoE layer '{layer.name}': experts {starved} received "
+                    f"no calibration token; they are pruned by magnitude.")
+  if few:
+    messages.append(f"MoE layer '{layer.name}': experts {few} received "
+                    f"fewer than min_tokens={min_tokens} calibration tokens "
+                    f"({stats.tokens[few].tolist()}); their statistics are "
+                    "noisy.")
+  for msg in messages:
+    report.warnings.append(msg)
+    # stacklevel: the user's call of prune_moe (or the callback's hook).
+    warnings.warn(msg, TfoptWarning, stacklevel=4)
+
+
+def _prune_kernel(layer, k, stats, starved, opts: _Options,
+                  report: PruneReport) -> None:
+  """Prunes one kernel in place; its row and mask go into `report`."""
+  var = k.variable
+  old = ops.convert_to_numpy(var)
+  prev = opts.previous_masks.get(var.path)
+  flat = old.ndim == 2  # a Dense kernel: one expert
+  if flat:
+    old = old[None]
+    prev = None if prev is None else np.asarray(prev)[None]
+  new, keep = _prune(opts.method, old, stats, opts.pattern, opts.wanda_tokens,
+                     opts.blocksize, opts.percdamp, starved, prev)
+  if flat:
+    old, new, keep = old[0], new[0], keep[0]
+  var.assign(new.astype(old.dtype))
+  report.masks[var.path] = keep
+  tokens = stats.tokens if opts.uses_data else np.zeros(1, int)
+  report.kernels.append(KernelReport(layer.name, k.name, var.path, old.shape,
+                                     1.0 - keep.mean(), int(tokens.min()),
+                                     int(tokens.max())))
 
 
 def _dense_layers(model, also_prune) -> list:
