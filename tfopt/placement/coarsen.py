@@ -84,59 +84,114 @@ def propose_groups(graph: OpGraph, costs, *,
   if not max_group_bytes >= 0:
     raise invalid_argument("max_group_bytes", "a number >= 0",
                            max_group_bytes)
-  parent = {op.name: op.name for op in graph.ops}
-  # Colocation labels form their own union-find: joined groups share one.
-  lab_parent: dict[str, str] = {}
-  lab_us: dict[str, float] = {}
-  lab_bytes: dict[str, float] = {}
-  for op in graph.ops:
-    if op.colocation is not None:
-      lab_parent[op.colocation] = op.colocation
-      lab_us[op.colocation] = lab_us.get(op.colocation, 0.0) + times[op.name]
-      lab_bytes[op.colocation] = (lab_bytes.get(op.colocation, 0.0) +
-                                  memory[op.name])
+  merger = _Merger(graph, times, memory, max_group_us, max_group_bytes)
+  merger.merge_until_fixed_point()
+  return ({op.name: merger.find(op.name) for op in graph.ops},
+          {lab: merger.lab_find(lab) for lab in merger.lab_parent})
 
-  def lab_find(x):
-    while lab_parent[x] != x:
-      lab_parent[x] = lab_parent[lab_parent[x]]
-      x = lab_parent[x]
-    return x
 
-  def find(x):
+class _Merger:
+  """`propose_groups`' state: two union-finds (ops into groups, colocation
+  labels into joined labels), each group's compute and bytes, and the
+  coarse graph's adjacency, kept current as groups merge."""
+
+  def __init__(self, graph: OpGraph, times: dict[str, float],
+               memory: dict[str, float], max_us: float, max_bytes: float):
+    self.max_us, self.max_bytes = max_us, max_bytes
+    self.parent = {op.name: op.name for op in graph.ops}
+    # Colocation labels form their own union-find: joined groups share one.
+    self.lab_parent: dict[str, str] = {}
+    self.lab_us: dict[str, float] = {}
+    self.lab_bytes: dict[str, float] = {}
+    for op in graph.ops:
+      lab = op.colocation
+      if lab is not None:
+        self.lab_parent[lab] = lab
+        self.lab_us[lab] = self.lab_us.get(lab, 0.0) + times[op.name]
+        self.lab_bytes[lab] = self.lab_bytes.get(lab, 0.0) + memory[op.name]
+    self.group_us = dict(times)
+    self.group_bytes = dict(memory)
+    self.label = {op.name: op.colocation for op in graph.ops}
+    self.dtypes = {op.name: op.device_types for op in graph.ops}
+    self.order = {n: i for i, n in enumerate(topological_order(graph))}
+    self.succ: dict[str, set] = {op.name: set() for op in graph.ops}
+    self.pred: dict[str, set] = {op.name: set() for op in graph.ops}
+    for e in graph.edges:
+      self.succ[e.src].add(e.dst)
+      self.pred[e.dst].add(e.src)
+    self.edges = sorted({(e.src, e.dst) for e in graph.edges},
+                        key=lambda sd: (self.order[sd[0]], self.order[sd[1]]))
+
+  def find(self, x: str) -> str:
+    parent = self.parent
     while parent[x] != x:
       parent[x] = parent[parent[x]]
       x = parent[x]
     return x
 
-  group_us = dict(times)
-  group_bytes = dict(memory)
-  label = {op.name: op.colocation for op in graph.ops}
-  dtypes = {op.name: op.device_types for op in graph.ops}
-  order = {n: i for i, n in enumerate(topological_order(graph))}
-  succ = {op.name: set() for op in graph.ops}
-  pred = {op.name: set() for op in graph.ops}
-  for e in graph.edges:
-    succ[e.src].add(e.dst)
-    pred[e.dst].add(e.src)
-  edges = sorted({(e.src, e.dst) for e in graph.edges},
-                 key=lambda sd: (order[sd[0]], order[sd[1]]))
+  def lab_find(self, x: str) -> str:
+    parent = self.lab_parent
+    while parent[x] != x:
+      parent[x] = parent[parent[x]]
+      x = parent[x]
+    return x
 
-  def merge(a, b):
-    root, other = (a, b) if order[a] < order[b] else (b, a)
-    parent[other] = root
-    group_us[root] += group_us[other]
-    group_bytes[root] += group_bytes[other]
-    la, lb = label[root], label[other]
+  def merge_until_fixed_point(self) -> None:
+    """Merges along edges, in topological order, until no merge is left."""
+    changed = True
+    while changed:
+      changed = False
+      for src, dst in self.edges:
+        a, b = self.find(src), self.find(dst)
+        if self.may_merge(a, b):
+          self.merge(a, b)
+          changed = True
+
+  def may_merge(self, a: str, b: str) -> bool:
+    """Whether groups a -> b may merge: the edge is the only path between
+    them, their device types agree, and neither the group nor a joined
+    colocation group would exceed the caps."""
+    if a == b or b not in self.succ[a]:
+      return False
+    if len(self.succ[a]) != 1 and len(self.pred[b]) != 1:
+      return False
+    if self.dtypes[a] and self.dtypes[b] and self.dtypes[a] != self.dtypes[b]:
+      return False
+    if (self.group_us[a] + self.group_us[b] > self.max_us or
+        self.group_bytes[a] + self.group_bytes[b] > self.max_bytes):
+      return False
+    la, lb = self.label[a], self.label[b]
     if la is not None and lb is not None:
-      ra, rb = lab_find(la), lab_find(lb)
+      ra, rb = self.lab_find(la), self.lab_find(lb)
+      if ra != rb and (self.lab_us[ra] + self.lab_us[rb] > self.max_us or
+                       self.lab_bytes[ra] + self.lab_bytes[rb] >
+                       self.max_bytes):
+        return False
+    return True
+
+  def merge(self, a: str, b: str) -> None:
+    """Joins groups a and b (and their colocation labels) into the one
+    earlier in topological order."""
+    root, other = (a, b) if self.order[a] < self.order[b] else (b, a)
+    self.parent[other] = root
+    self.group_us[root] += self.group_us[other]
+    self.group_bytes[root] += self.group_bytes[other]
+    la, lb = self.label[root], self.label[other]
+    if la is not None and lb is not None:
+      ra, rb = self.lab_find(la), self.lab_find(lb)
       if ra != rb:
-        lab_parent[rb] = ra
-        lab_us[ra] += lab_us[rb]
-        lab_bytes[ra] += lab_bytes[rb]
+        self.lab_parent[rb] = ra
+        self.lab_us[ra] += self.lab_us[rb]
+        self.lab_bytes[ra] += self.lab_bytes[rb]
     elif la is None:
-      label[root] = lb
-    dtypes[root] = dtypes[root] or dtypes[other]
-    # Keep the coarse graph's adjacency current: `other` becomes `root`.
+      self.label[root] = lb
+    self.dtypes[root] = self.dtypes[root] or self.dtypes[other]
+    self._relink(root, other)
+
+  def _relink(self, root: str, other: str) -> None:
+    """Keeps the coarse graph's adjacency current: `other` becomes
+    `root`."""
+    succ, pred = self.succ, self.pred
     for x in succ.pop(other):
       pred[x].discard(other)
       if x != root:
@@ -149,32 +204,6 @@ def propose_groups(graph: OpGraph, costs, *,
         pred[root].add(x)
     succ[root].discard(root)
     pred[root].discard(root)
-
-  changed = True
-  while changed:
-    changed = False
-    for src, dst in edges:
-      a, b = find(src), find(dst)
-      if a == b or b not in succ[a]:
-        continue
-      # Safe: the edge is the only path between the two groups.
-      if len(succ[a]) != 1 and len(pred[b]) != 1:
-        continue
-      if dtypes[a] and dtypes[b] and dtypes[a] != dtypes[b]:
-        continue
-      if group_us[a] + group_us[b] > max_group_us or \
-          group_bytes[a] + group_bytes[b] > max_group_bytes:
-        continue
-      la, lb = label[a], label[b]
-      if la is not None and lb is not None:
-        ra, rb = lab_find(la), lab_find(lb)
-        if ra != rb and (lab_us[ra] + lab_us[rb] > max_group_us or
-                         lab_bytes[ra] + lab_bytes[rb] > max_group_bytes):
-          continue
-      merge(a, b)
-      changed = True
-  return ({op.name: find(op.name) for op in graph.ops},
-          {lab: lab_find(lab) for lab in lab_parent})
 
 
 def contract(graph: OpGraph, costs, group_of: Mapping[str, str],
