@@ -55,6 +55,29 @@ def test_m_etf_keeps_a_fork_together_when_transfers_are_slow():
   assert simulate(FORK, p, FORK_COSTS, cluster).makespan_us == 12.0
 
 
+@pytest.mark.parametrize("side_us, spread", [(1.5, False), (2.5, True)])
+def test_auto_spreads_only_for_a_clear_gain(side_us, spread):
+  # A 100 us op beside an independent small one: on one device their sum,
+  # on two the larger (nothing to transfer). A 1.5 us side op gains 1.5 %
+  # by spreading (under SPREAD_MIN_GAIN, 2 %; over the target gap, 1 %, so
+  # the portfolio does not stop at one device): one device, whose plan is
+  # reported; 2.5 us gains 2.4 %: two devices.
+  g = OpGraph([Op("big", "X"), Op("side", "X")], [])
+  costs = {"big": 100.0, "side": side_us}
+  result = place(g, Cluster.uniform(2, comm=FREE), costs)
+  assert result.single_device_us == 100.0 + side_us
+  if spread:
+    assert result.placement["big"] != result.placement["side"]
+    assert result.makespan_us == 100.0
+  else:
+    assert result.placer == "single"
+    assert set(result.placement.values()) == {0}
+    assert result.makespan_us == 100.0 + side_us
+    # The faster plan is still among the candidates, with its time.
+    assert min(c.makespan_us for c in result.candidates
+               if c.feasible) == 100.0
+
+
 def test_auto_reports_every_candidate_and_picks_the_fastest():
   cluster = Cluster.uniform(2, comm=FREE)
   result = place(FORK, cluster, FORK_COSTS, coarsen=False)
