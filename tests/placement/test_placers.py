@@ -73,9 +73,14 @@ def test_auto_spreads_only_for_a_clear_gain(side_us, spread):
     assert result.placer == "single"
     assert set(result.placement.values()) == {0}
     assert result.makespan_us == 100.0 + side_us
-    # The faster plan is still among the candidates, with its time.
+    # The faster plan is still among the candidates, with its time, and
+    # the report says why one device was kept.
     assert min(c.makespan_us for c in result.candidates
                if c.feasible) == 100.0
+    line = next(l for l in result.table().splitlines()
+                if l.startswith("single"))
+    assert "(kept: m-etf gains 1.5%, under 2%)" in line
+    assert line.endswith("<- chosen")
 
 
 def test_auto_reports_every_candidate_and_picks_the_fastest():

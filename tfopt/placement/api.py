@@ -449,7 +449,11 @@ def _result(problem: PlacementProblem, run: "_Portfolio", bound, lower: float,
   single_us = single.schedule.makespan_us
   best = run.best()
   if best is not None and _spreads_for_little(best, single, candidates):
-    best = single
+    kept = dataclasses.replace(single, note=(
+        f"kept: {best.placer} gains {1 - best.makespan_us / single_us:.1%}, "
+        f"under {SPREAD_MIN_GAIN:.0%}"))
+    candidates = tuple(kept if c is single else c for c in candidates)
+    best = kept
   if best is None:
     reasons = "; ".join(
         f"{c.placer}: {c.error or 'over cap ' + str(c.schedule.over_cap())}"
