@@ -121,8 +121,8 @@ class CostModel(Mapping[str, OpCost]):
     return CostModel(
         {n: dataclasses.replace(c, compute_us=c.compute_us * scale)
          if c.profiled else c for n, c in self._costs.items()},
-        source=self.source + (f", scaled x{scale:.2f} {why}".rstrip()
-                              if why else f", scaled x{scale:.2f}"),
+        source=f"{self.source}, scaled x{scale:.2f}" + (
+            f" {why}" if why else ""),
         notes=self.notes)
 
   def compute_times(self) -> dict[str, float]:

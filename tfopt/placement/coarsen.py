@@ -123,18 +123,10 @@ class _Merger:
                         key=lambda sd: (self.order[sd[0]], self.order[sd[1]]))
 
   def find(self, x: str) -> str:
-    parent = self.parent
-    while parent[x] != x:
-      parent[x] = parent[parent[x]]
-      x = parent[x]
-    return x
+    return _root(self.parent, x)
 
   def lab_find(self, x: str) -> str:
-    parent = self.lab_parent
-    while parent[x] != x:
-      parent[x] = parent[parent[x]]
-      x = parent[x]
-    return x
+    return _root(self.lab_parent, x)
 
   def merge_until_fixed_point(self) -> None:
     """Merges along edges, in topological order, until no merge is left."""
@@ -204,6 +196,14 @@ class _Merger:
         pred[root].add(x)
     succ[root].discard(root)
     pred[root].discard(root)
+
+
+def _root(parent: dict[str, str], x: str) -> str:
+  """`x`'s representative in the union-find `parent` (path halving)."""
+  while parent[x] != x:
+    parent[x] = parent[parent[x]]
+    x = parent[x]
+  return x
 
 
 def contract(graph: OpGraph, costs, group_of: Mapping[str, str],
