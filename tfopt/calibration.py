@@ -128,13 +128,15 @@ class Calibration:
     """Which of `num_devices` devices of this kind share cores, and the
     executor pools they draw on (`ComputeSharing.threads`): logical CPUs
     of one process share their session's inter-op pool (TensorFlow's
-    default: one thread per core this process may use); a pinned task
+    default: one thread per core the process could use, as recorded in
+    `machine` when measured); a pinned task
     has its own (`inter_op_threads`). Unpinned server processes each
     have a pool of their own on shared cores, which one group's pool does
     not describe: there each device runs one op at a time."""
     threads = None
     if self.kind == "logical":
-      threads = self.inter_op_threads or machine_fingerprint()["cores"]
+      threads = (self.inter_op_threads or self.machine.get("cores")
+                 or machine_fingerprint()["cores"])
     elif self.kind == "pinned":
       threads = self.inter_op_threads or 1
     if self.shared:

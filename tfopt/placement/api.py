@@ -111,8 +111,9 @@ REFINE_IN_AUTO_MAX_GROUPS = 500
 REFINE_OP_SIMULATIONS = 150_000
 # "auto" keeps the step on one device (where it fits) unless a plan that
 # spreads it is predicted at least this much faster: below it the gain is
-# under the simulator's error (3-24 % per row of the calibrated runtime
-# benchmark), and plans predicted within 0.1 % of one device ran at
+# under the simulator's error (up to about 25 % per row of the calibrated
+# runtime benchmark), and in that benchmark's run before this rule (commit
+# e2cbb13's results) plans predicted within 0.1 % of one device ran at
 # 0.95-1.12x of it on logical CPUs, where one device needs no hand-overs.
 SPREAD_MIN_GAIN = 0.02
 # The anytime rules (place's `time_limit_s` and `target_gap`).

@@ -404,14 +404,12 @@ class _Timeline:
       channel = min(duration, link.channel_us(nbytes))
       self.channel_free[d] = self.channel_free[dd] = t0 + channel
       readers = tuple(e.dst for e in edges)
-      if not (self.comm.cpu_work and channel > 0):
-        self.transfers.append(Transfer(name, port, d, dd, nbytes, t0,
-                                       t0 + duration))
-        self._push(t0 + duration, "arrive", readers)
-        continue
       k = len(self.transfers)
       self.transfers.append(Transfer(name, port, d, dd, nbytes, t0,
                                      t0 + duration))
+      if not (self.comm.cpu_work and channel > 0):
+        self._push(t0 + duration, "arrive", readers)
+        continue
       self.in_flight[k] = [3, readers, channel]
       self._push(t0 + duration, "linked", k)
       if t0 > now:
