@@ -114,10 +114,32 @@ class HookReport:
     return "\n".join(lines)
 
 
-def _signature(x, y) -> tuple:
+def _signature(data: tuple) -> tuple:
+  """A batch's input signature: (part, shape, dtype) of every tensor, the
+  part being "x", "y" or "sample_weight"."""
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
-  return tuple((tuple(t.shape), t.dtype.name)
-               for t in tf.nest.flatten((x, y)))
+  return tuple((part, tuple(t.shape), t.dtype.name)
+               for part, value in zip(("x", "y", "sample_weight"), data)
+               if value is not None for t in tf.nest.flatten(value))
+
+
+def _tensors(data: tuple) -> list:
+  """The batch's tensors in the captured step's input order (a part that
+  is None has none)."""
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  return [t for part in data if part is not None
+          for t in tf.nest.flatten(part)]
+
+
+def _batch_parts(data) -> tuple:
+  """What `fit` fed for one batch as the tuple `train_step` receives:
+  (x, y) or (x, y, sample_weight), trailing Nones dropped, as Keras'
+  `unpack_x_y_sample_weight` reads it back."""
+  import keras  # pylint: disable=g-import-not-at-top
+  parts = keras.utils.unpack_x_y_sample_weight(data)
+  while len(parts) > 1 and parts[-1] is None:
+    parts = parts[:-1]
+  return tuple(parts)
 
 
 class _OptimizedTrainFunction:
@@ -158,16 +180,25 @@ class _OptimizedTrainFunction:
     _PROFILES.pop(self.model, None)
 
   def __call__(self, iterator):
-    import keras  # pylint: disable=g-import-not-at-top
-    data = next(iterator)
-    x, y, sample_weight = keras.utils.unpack_x_y_sample_weight(data)
-    if sample_weight is not None:
-      raise invalid_argument("sample_weight", "None with tfopt.compile (the "
-                             "captured step takes (x, y) only)", "<given>")
-    key = _signature(x, y)
+    """Runs `steps_per_execution` batches of `iterator` (fewer where it
+    runs out, none: StopIteration) and returns the last step's logs, as
+    Keras' own train function does."""
+    logs = None
+    for _ in range(int(getattr(self.model, "steps_per_execution", 1) or 1)):
+      try:
+        data = next(iterator)
+      except StopIteration:
+        if logs is None:
+          raise
+        break
+      logs = self._one_step(_batch_parts(data))
+    return logs
+
+  def _one_step(self, data: tuple):
+    key = _signature(data)
     if key not in self.steps:
-      self.steps[key] = self._build(x, y, key)
-    return self.steps[key](x, y)
+      self.steps[key] = self._build(data, key)
+    return self.steps[key](data)
 
   def _pipeline(self) -> str:
     fuse = self.fusion and not self.xla  # XLA fuses; _Fused* have no kernel
@@ -175,14 +206,14 @@ class _OptimizedTrainFunction:
                     (["coarsen", "place", "control"] if self.placement
                      else []))
 
-  def _build(self, x, y, key):
+  def _build(self, data: tuple, key):
     import tensorflow as tf  # pylint: disable=g-import-not-at-top
     from tfopt.passes import PassContext  # pylint: disable=g-import-not-at-top
     from tfopt.runtime.placed import check_rewritten  # pylint: disable=g-import-not-at-top
-    x_np = tf.nest.map_structure(np.asarray, x)
-    y_np = tf.nest.map_structure(np.asarray, y)
-    step = self._capture(x_np, y_np)
-    inputs = [*tf.nest.flatten(x_np), *tf.nest.flatten(y_np)]
+    data_np = tf.nest.map_structure(np.asarray, data)
+    step = self._capture(data_np)
+    # The step's placeholders, in the order of the flattened batch.
+    inputs = _tensors(data_np)
     pipeline = self._pipeline()
     ctx = PassContext.for_step(step)
     if self.placement:
@@ -224,15 +255,15 @@ class _OptimizedTrainFunction:
       print(report.table())
     return _imported_step(step, graph, variables)
 
-  def _capture(self, x_np, y_np):
+  def _capture(self, data_np: tuple):
     from tfopt.graph.capture import capture_train_step  # pylint: disable=g-import-not-at-top
     scopes = _name_scope_stack()
     if not self.model.built:
       # As Keras' fit does: an unbuilt model (a Sequential without an Input)
       # is built by calling it on the first batch, here eagerly.
-      self.model(x_np, training=False)
+      self.model(data_np[0], training=False)
     try:
-      step = capture_train_step(self.model, x=x_np, y=y_np)
+      step = capture_train_step(self.model, data=data_np)
     except Exception as err:  # pylint: disable=broad-except
       _restore_name_scope_stack(scopes)
       raise RuntimeError(
@@ -241,7 +272,6 @@ class _OptimizedTrainFunction:
           f"graph: use a functional or Sequential model, or a subclassed one "
           f"whose train_step traces with autograph off; or train with plain "
           f"`model.compile`.") from err
-    _refuse_functional_control_flow(self.model, step)
     return step
 
   def _run_pipeline(self, pipeline: str, step, ctx):
@@ -434,9 +464,9 @@ def _imported_step(step, graph_def, variables):
     return var.value.handle if isinstance(var, keras.Variable) else var.handle
 
   @tf.function(autograph=False)
-  def run(x, y):
+  def run(data):
     graph = tf.compat.v1.get_default_graph()
-    feeds = tf.nest.flatten((x, y))
+    feeds = _tensors(data)
     input_map = {f"{name}:0": tensor
                  for name, tensor in zip(input_names, feeds)}
     # Each captured variable's handle node reads the Keras variable itself.
@@ -533,27 +563,6 @@ def compile(model, *, fusion: bool = True,  # pylint: disable=redefined-builtin
   return model
 
 
-# Ops whose branches or bodies are functions of the graph's library: the
-# passes rewrite and place flat graphs, and the rewritten graph would run
-# without them (TensorFlow then fails deep inside with an unregistered op).
-_FUNCTIONAL_OPS = frozenset({"Case", "StatelessCase", "If", "StatelessIf",
-                             "While", "StatelessWhile"})
-
-
-def _refuse_functional_control_flow(model, step) -> None:
-  found = sorted({n.op for n in step.graph_def.node
-                  if n.op in _FUNCTIONAL_OPS})
-  if found:
-    example = next(n.name for n in step.graph_def.node if n.op in found)
-    hint = (" A tfopt.nas.SuperNet runs without them with "
-            "execution='mask'." if type(model).__name__ == "SuperNet" else "")
-    raise invalid_argument(
-        "model", "a model whose training step has no functional control "
-        f"flow ({', '.join(found)} ops, e.g. {example!r}: tfopt.compile "
-        "rewrites and places flat graphs); train it with plain "
-        f"`model.compile`.{hint}", model.name)
-
-
 def _keep_hook(model, hook) -> None:
   """Keeps the hook over `make_train_function(force=True)`.
 
@@ -590,10 +599,6 @@ def _check_model(model, compile_kwargs) -> Any:
     raise invalid_argument("model", "a model on Keras' TensorFlow backend "
                            "(tfopt rewrites TensorFlow graphs)",
                            f"<backend {keras.backend.backend()!r}>")
-  steps = compile_kwargs.get("steps_per_execution", 1)
-  if steps != 1:
-    raise invalid_argument("steps_per_execution", "1 with tfopt.compile (the "
-                           "optimized step runs one batch per call)", steps)
   jit = compile_kwargs.pop("jit_compile", "auto")  # Keras' default
   if jit not in (True, False, None, "auto"):
     raise invalid_argument("jit_compile", "True, False, None or 'auto'", jit)

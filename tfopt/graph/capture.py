@@ -359,6 +359,7 @@ def _target_spec(model, output, batch_size: int) -> tf.TensorSpec:
 
 
 def capture_train_step(model, *, batch_size: int | None = None, x=None, y=None,
+                       sample_weight=None, data: tuple | None = None,
                        name: str | None = None) -> CapturedStep:
   """Captures the training step `model.fit` runs for one batch.
 
@@ -370,15 +371,56 @@ def capture_train_step(model, *, batch_size: int | None = None, x=None, y=None,
       input and target signature. Without them the inputs come from
       `model.inputs` and the target from the output's shape (integer labels
       for sparse losses).
+    sample_weight: the batch's sample weights (an array or a structure
+      matching y's: per example, per timestep, or Keras' weights from
+      `class_weight`), or None. Given, the step is traced on
+      `(x, y, sample_weight)` as Keras' `fit` feeds it.
+    data: instead of x / y / sample_weight, the batch exactly as `fit`
+      hands it to `train_step`: `(x,)`, `(x, y)` or `(x, y, sample_weight)`
+      (a part may be None: nothing is derived for it).
     name: the graph's name (default: the model's name).
 
   Returns:
     A CapturedStep whose graph holds the forward ops, their gradients, the
     optimizer's updates and the metric updates, each variable colocated with
-    its readers and updaters.
+    its readers and updaters. Its inputs are the batch's tensors in the
+    order of `tf.nest.flatten((x, y[, sample_weight]))`.
   """
-  import keras  # pylint: disable=g-import-not-at-top
+  _check_trainable(model)
+  if data is not None:
+    if x is not None or y is not None or sample_weight is not None:
+      raise invalid_argument("data", "given without x, y or sample_weight",
+                             "<data and x / y / sample_weight>")
+    if not isinstance(data, tuple) or not 1 <= len(data) <= 3 or (
+        data[0] is None):
+      raise invalid_argument("data", "a tuple (x,), (x, y) or (x, y, "
+                             "sample_weight) with x given",
+                             type(data).__name__)
+    x = data[0]
+  if x is not None:
+    first = tf.nest.flatten(x)[0]
+    batch_size = batch_size or int(np.shape(first)[0])
+  if batch_size is None:
+    raise invalid_argument("batch_size", "given when `x` is not", batch_size)
+  check_positive_int("batch_size", batch_size)
+  if data is not None:
+    data_spec = tuple(None if part is None else tf.nest.map_structure(
+        lambda a: _batch_spec(a, batch_size), part) for part in data)
+  else:
+    data_spec = _data_spec(model, batch_size, x, y, sample_weight)
+  _build_training_state(model, data_spec)
+  keras_names = {id(v.value.handle): v.path for v in _all_keras_variables(model)
+                 if hasattr(v, "value") and hasattr(v.value, "handle")}
+  step = tf.function(model.train_step, autograph=False)
+  concrete = step.get_concrete_function(data_spec)
+  return capture_function(
+      concrete, name=name or model.name, batch_size=batch_size,
+      variable_names=lambda v: keras_names.get(id(v.handle), v.name))
 
+
+def _check_trainable(model) -> None:
+  """A built, compiled Keras model, or a clear error."""
+  import keras  # pylint: disable=g-import-not-at-top
   if not isinstance(model, keras.Model):
     raise invalid_argument("model", "a keras.Model", model)
   if not model.built:
@@ -390,17 +432,20 @@ def capture_train_step(model, *, batch_size: int | None = None, x=None, y=None,
     raise invalid_argument("model", "compiled with an optimizer and a loss "
                            "(model.compile(...))",
                            f"<{model.name}: compiled=False>")
-  if x is not None:
-    first = tf.nest.flatten(x)[0]
-    batch_size = batch_size or int(np.shape(first)[0])
-  if batch_size is None:
-    raise invalid_argument("batch_size", "given when `x` is not", batch_size)
-  check_positive_int("batch_size", batch_size)
 
+
+def _batch_spec(array, batch_size: int) -> tf.TensorSpec:
+  """One batch tensor's spec at `batch_size`."""
+  dtype = array.dtype if hasattr(array, "dtype") else np.asarray(array).dtype
+  return tf.TensorSpec((batch_size,) + tuple(np.shape(array)[1:]),
+                       tf.as_dtype(dtype))
+
+
+def _data_spec(model, batch_size: int, x, y, sample_weight) -> tuple:
+  """(x_spec, y_spec[, weights_spec]): from the arrays given, else x's from
+  `model.inputs` and y's from `model.outputs`."""
   def spec_of(a):
-    dtype = a.dtype if hasattr(a, "dtype") else np.asarray(a).dtype
-    return tf.TensorSpec((batch_size,) + tuple(np.shape(a)[1:]),
-                         tf.as_dtype(dtype))
+    return _batch_spec(a, batch_size)
 
   if x is not None:
     x_spec = tf.nest.map_structure(spec_of, x)
@@ -419,14 +464,9 @@ def capture_train_step(model, *, batch_size: int | None = None, x=None, y=None,
                              y)
     y_spec = [_target_spec(model, o, batch_size) for o in model.outputs]
     y_spec = y_spec[0] if len(y_spec) == 1 else y_spec
-  _build_training_state(model, x_spec, y_spec)
-  keras_names = {id(v.value.handle): v.path for v in _all_keras_variables(model)
-                 if hasattr(v, "value") and hasattr(v.value, "handle")}
-  step = tf.function(model.train_step, autograph=False)
-  concrete = step.get_concrete_function((x_spec, y_spec))
-  return capture_function(
-      concrete, name=name or model.name, batch_size=batch_size,
-      variable_names=lambda v: keras_names.get(id(v.handle), v.name))
+  if sample_weight is None:
+    return (x_spec, y_spec)
+  return (x_spec, y_spec, tf.nest.map_structure(spec_of, sample_weight))
 
 
 def _all_keras_variables(model):
@@ -436,7 +476,7 @@ def _all_keras_variables(model):
   return variables
 
 
-def _build_training_state(model, x_spec, y_spec) -> None:
+def _build_training_state(model, data_spec) -> None:
   """Creates optimizer slots and metric variables before tracing.
 
   Keras 3 builds them lazily on the first `fit` step; tracing must not create
@@ -447,7 +487,6 @@ def _build_training_state(model, x_spec, y_spec) -> None:
     return np.zeros([1] + list(spec.shape[1:]), spec.dtype.as_numpy_dtype)
 
   if hasattr(model, "_symbolic_build"):
-    model._symbolic_build(data_batch=(tf.nest.map_structure(zeros, x_spec),
-                                      tf.nest.map_structure(zeros, y_spec)))
+    model._symbolic_build(data_batch=tf.nest.map_structure(zeros, data_spec))
   elif not model.optimizer.built:
     model.optimizer.build(model.trainable_variables)
