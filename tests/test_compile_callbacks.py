@@ -102,7 +102,7 @@ def test_a_plain_compile_afterwards_is_plain_keras_again():
 def test_nas_search_with_the_hook_matches_plain_keras():
   # A mask-execution super-network (every op runs, the path weights it)
   # with PathSampler: the same paths drawn and the same losses as plain
-  # Keras. A switch network (functional Case ops) is refused by name.
+  # Keras; a switch network (functional Case ops) likewise.
   from tfopt.nas.sampler import PathSampler
   from tfopt.nas.space import tiny64
   from tfopt.nas.supernet import SuperNet
@@ -126,10 +126,20 @@ def test_nas_search_with_the_hook_matches_plain_keras():
   np.testing.assert_allclose(runs[1][0], runs[0][0], rtol=1e-5)
   assert runs[1][1] == runs[0][1]
   assert _is_hook(net)
-  switch = SuperNet(tiny64(filters=4), execution="switch")
-  tfopt.compile(switch, optimizer="adam", verbose=False,
-                loss=keras.losses.SparseCategoricalCrossentropy(
-                    from_logits=True))
-  with pytest.raises(ValueError, match="functional control flow.*"
-                     "execution='mask'"):
-    switch.fit(x, y, **FIT)
+  # execution="switch" runs one path per batch through functional control
+  # flow (Case/If ops): the hook keeps them whole, with plain Keras' losses.
+  switched = []
+  for hooked in (False, True):
+    keras.utils.set_random_seed(0)
+    switch = SuperNet(tiny64(filters=4), execution="switch")
+    kwargs = dict(optimizer="adam",
+                  loss=keras.losses.SparseCategoricalCrossentropy(
+                      from_logits=True))
+    if hooked:
+      tfopt.compile(switch, verbose=False, **kwargs)
+    else:
+      switch.compile(**kwargs)
+    switched.append(switch.fit(x, y, callbacks=[PathSampler(seed=0)],
+                               **FIT).history["loss"])
+  np.testing.assert_allclose(switched[1], switched[0], rtol=1e-5)
+  assert _is_hook(switch)

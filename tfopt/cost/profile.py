@@ -46,6 +46,7 @@ from tfopt._errors import check_positive_int, invalid_argument
 from tfopt.cost import analytic
 from tfopt.cost.cost_model import CostModel, OpCost
 from tfopt.graph.capture import CapturedStep, opgraph_from_graphdef
+from tfopt.graph.opgraph import FUNCTIONAL_OPS
 from tfopt.runtime.session import (StepSession, local_device_count,
                                    session_config)
 
@@ -81,6 +82,51 @@ def _read_step_stats(run_metadata, cores: int | None = None,
           t + took, max(temp, _node_temp_bytes(ns)),
           max(pers, ns.memory_stats.persistent_memory_size))
   return stats
+
+
+def fold_lowered_nodes(stats: dict, op_names, functional
+                       ) -> dict[str, tuple[float, int, int]]:
+  """One run's stats with each lowered control-flow op whole again.
+
+  A Session lowers a `While` / `If` / `Case` node into the v1 frame ops of
+  its bodies (Switch, Merge, Enter, ... and every body op), which the step
+  stats report under the node's name as a prefix ("<while>/body/...",
+  "Func/<while>/input/..."); the node's own record, if any, is a few
+  microseconds. Each such runtime node is counted as the innermost
+  functional op (of `functional`) whose name prefixes it: times add up (one
+  inter-op thread runs them one at a time), temp bytes are the largest one
+  node allocated (a body's temporaries are freed between iterations; loop
+  accumulators held in TensorLists are not counted beyond that), persistent
+  bytes add up. Nodes of `op_names` stay as they are.
+
+  >>> fold_lowered_nodes({"w": (2.0, 0, 0), "w/body/a": (5.0, 8, 0),
+  ...                     "Func/w/input/_1": (1.0, 0, 0), "x": (3.0, 4, 0)},
+  ...                    {"w", "x"}, {"w"})
+  {'w': (8.0, 8, 0), 'x': (3.0, 4, 0)}
+  """
+  if not functional:
+    return stats
+  out: dict[str, tuple[float, int, int]] = {}
+  for name, value in stats.items():
+    owner = name if name in op_names else _lowered_owner(name, functional)
+    if owner is None:
+      out[name] = value
+      continue
+    t, temp, pers = out.get(owner, (0.0, 0, 0))
+    out[owner] = (t + value[0], max(temp, value[1]), pers + value[2])
+  return out
+
+
+def _lowered_owner(name: str, functional) -> str | None:
+  """The innermost functional op whose lowered node `name` is."""
+  if name.startswith("Func/"):
+    name = name[len("Func/"):]
+  parts = name.split("/")
+  for end in range(len(parts) - 1, 0, -1):
+    prefix = "/".join(parts[:end])
+    if prefix in functional:
+      return prefix
+  return None
 
 
 def shared_times(node_stats, cores: int, ops=None) -> dict[str, float]:
@@ -196,9 +242,11 @@ def profile_step(step: CapturedStep, *,
   scaled = clock and len(devices) <= 1 and cores_per_device is None
   with StepSession(step, config=config, graph_def=graph_def,
                    target=target) as session:
-    samples = _traced_samples(session, inputs, steps, warmup, bar,
-                              cores_per_device, {op.name for op in graph.ops},
-                              UNTRACED_PER_TRACED if scaled else 0)
+    samples = _traced_samples(
+        session, inputs, steps, warmup, bar, cores_per_device,
+        {op.name for op in graph.ops}, UNTRACED_PER_TRACED if scaled else 0,
+        frozenset(op.name for op in graph.ops
+                  if op.type in FUNCTIONAL_OPS))
   untraced = statistics.median(samples.untraced_us) if scaled else None
   costs, notes = _costs_from(graph, samples, steps, set(step.input_names),
                              fallback)
@@ -235,9 +283,11 @@ UNTRACED_PER_TRACED = 3
 
 
 def _traced_samples(session, inputs, steps, warmup, bar, cores,
-                    op_names, untraced_per_traced: int = 0) -> _Samples:
+                    op_names, untraced_per_traced: int = 0,
+                    functional: frozenset = frozenset()) -> _Samples:
   """`warmup` untraced runs, then `steps` traced ones read op by op, each
-  followed by `untraced_per_traced` timed untraced runs."""
+  followed by `untraced_per_traced` timed untraced runs. The runtime nodes
+  of a lowered `functional` op count as that op."""
   for i in range(warmup):
     session.run(inputs)
     if bar:
@@ -254,8 +304,9 @@ def _traced_samples(session, inputs, steps, warmup, bar, cores,
     if i == 0:
       out.ran = {node.name: node.op for partition in
                  metadata.partition_graphs for node in partition.node}
-    for name, (t, temp, pers) in _read_step_stats(metadata, cores,
-                                                  op_names).items():
+    stats = fold_lowered_nodes(_read_step_stats(metadata, cores, op_names),
+                               op_names, functional)
+    for name, (t, temp, pers) in stats.items():
       out.times.setdefault(name, []).append(t)
       out.temps.setdefault(name, []).append(temp)
       out.persistent[name] = max(out.persistent.get(name, 0), pers)

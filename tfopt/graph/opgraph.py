@@ -24,6 +24,13 @@ from tfopt._errors import GraphError
 CONTROL = -1
 """`Edge.src_output` of a control dependency (no data moves)."""
 
+FUNCTIONAL_OPS = frozenset({"Case", "StatelessCase", "If", "StatelessIf",
+                            "While", "StatelessWhile"})
+"""Op types whose bodies are functions of the GraphDef's library. Each is
+one atomic op of an OpGraph: costed as a whole (its lowered body's runtime
+nodes add up to it), placed whole with the variables it captures (resource
+inputs colocate), and its library functions travel with every rewrite."""
+
 
 @dataclasses.dataclass(frozen=True)
 class Op:

@@ -96,6 +96,11 @@ def fold_constants(graph_def: graph_pb2.GraphDef,
   rewrite.optimizers.append("constfold")
   rewrite.meta_optimizer_iterations = rewriter_config_pb2.RewriterConfig.ONE
   rewrite.min_graph_nodes = -1
+  # TFG's region passes specialize Case/If branch functions under names
+  # that import into a GraphDef but not into a tf.function (seen with TF
+  # 2.21: "Op type not registered '..._rewritten_tfg_region_specialized_...'"
+  # when fit ran a NAS switch network's folded step).
+  rewrite.disable_tfg_optimizer = True
   out = tf_optimizer.OptimizeGraph(config, meta, graph_id=b"tfopt_fold")
   # Grappler may drop attributes such as device strings of untouched nodes
   # or reorder nodes; only report a change when the structure changed.
