@@ -33,11 +33,30 @@ from tfopt.runtime.placed import StepRun, run_steps
 _RUNTIME_OPS = ("_Send", "_Recv", "_HostSend", "_HostRecv", "_Arg", "_Retval")
 
 
+def draws_random_numbers(op_type: str) -> bool:
+  """Whether ops of `op_type` draw random numbers (dropout's mask, a noise
+  layer's noise). XLA's generators are not TensorFlow kernels' (seen: Keras'
+  own jit_compile=True gives a Dropout model another mask, its loss 1.17
+  where the unjitted step's is 1.25 from the same seed), so these ops stay
+  with TensorFlow's kernels and the compiled step draws what Keras' step
+  draws.
+
+  >>> draws_random_numbers("StatelessRandomUniformV2"), draws_random_numbers(
+  ...     "MatMul")
+  (True, False)
+  """
+  return ("Random" in op_type or op_type.startswith("Rng") or
+          "TruncatedNormal" in op_type or "Multinomial" in op_type)
+
+
 def mark_for_xla(graph_def: graph_pb2.GraphDef) -> graph_pb2.GraphDef:
-  """A copy with every node marked for XLA, scoped by its device."""
+  """A copy with every node marked for XLA, scoped by its device, except
+  the ops that draw random numbers (`draws_random_numbers`)."""
   out = graph_pb2.GraphDef()
   out.CopyFrom(graph_def)
   for node in out.node:
+    if draws_random_numbers(node.op):
+      continue
     node.attr["_XlaCompile"].b = True
     node.attr["_XlaScope"].s = f"tfopt_device_{node.device or 'default'}".encode()
   return out
