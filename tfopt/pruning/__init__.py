@@ -10,7 +10,11 @@ baselines, expert-wise distillation, and sparse export.
 - `export_sparse` / `load_sparse` / `apply_sparse`: kept values plus a packed
   bitmask or N:M indices, with a manifest; `export_saved_model` for serving.
 - Adapters (`register_adapter`) say where a layer class keeps its experts:
-  shipped for `MoE` and keras-hub's Mixtral and Qwen-MoE blocks.
+  shipped for `MoE` and keras-hub's Mixtral, Qwen-MoE, Qwen3-MoE,
+  Qwen3.5-MoE and GPT-OSS blocks; any other layer with a router kernel and
+  stacked expert kernels gets the structural fallback (`fallback.py`),
+  checked against the layer's own output first, or an error naming the
+  weights it could not map.
 """
 
 from tfopt.pruning.adapters import (ExpertKernel, MoEAdapter, adapter_for,
