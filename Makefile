@@ -18,6 +18,10 @@ $(STAMP): pyproject.toml setup.py
 	# keras-hub without its tensorflow-text dependency, which would install
 	# the full tensorflow wheel beside tensorflow-cpu (pyproject.toml, "hub").
 	$(PY) -m pip install --quiet --no-deps 'keras-hub>=0.32,<0.33'
+	# keras-hub's tokenizers and preprocessors need tensorflow-text; it too
+	# requires the full tensorflow wheel, hence --no-deps (the compatibility
+	# suite trains keras-hub task models with their preprocessors).
+	$(PY) -m pip install --quiet --no-deps 'tensorflow-text>=2.18,<2.22'
 	# TF Serving's request/response protos and gRPC stubs, without their
 	# `tensorflow` requirement (it would replace tensorflow-cpu); grpcio and
 	# protobuf come with TensorFlow. Used by tfopt.export's local check.

@@ -38,14 +38,22 @@ CPU devices" for some multi-device plans) or the numbers differ, the step
 runs unmarked and the report says why. TF's fused CPU ops have no XLA
 kernel, so with XLA on, fusion is left to XLA (the `fuse` pass is skipped).
 
+The step is what `fit` feeds `train_step`: (x, y, sample_weight) in any
+structure Keras allows (sample weights per example or per timestep, and
+`class_weight`, which Keras turns into them); `steps_per_execution=N` runs
+N batches per call, as Keras' own function does. Functional control flow
+(While / If / Case: Keras' LSTM and GRU, `keras.ops.cond`) is kept: each
+such node is one op to cost and place, its function library travels with
+every rewrite.
+
 Keras' `evaluate` and `predict` are not rewritten (they run where the
 variables live). What tfopt cannot honour is refused up front: another
-Keras backend, `steps_per_execution` other than 1, a distribution
-strategy, devices that do not exist or tasks that do not answer, pins to
-devices not given, a variable outside Keras living on a device outside
-`devices`. `jit_compile=True` with
-fusion=False and no placement is Keras' own XLA step (no hook). Calling
-`model.compile` again removes the hook.
+Keras backend, a distribution strategy (its all-reduce does not survive
+capture: see `_check_model`), devices that do not exist or tasks that do
+not answer, pins to devices not given, a variable outside Keras living on
+a device outside `devices`. `jit_compile=True` with fusion=False and no
+placement is Keras' own XLA step (no hook). Calling `model.compile` again
+removes the hook.
 """
 
 from __future__ import annotations
@@ -605,7 +613,13 @@ def _check_model(model, compile_kwargs) -> Any:
   if tf.distribute.has_strategy() or not isinstance(
       model.distribute_strategy, type(tf.distribute.get_strategy())):
     raise invalid_argument("model", "built outside a tf.distribute strategy "
-                           "scope (tfopt.compile places one replica's step)",
+                           "scope: tfopt.compile captures one process's step "
+                           "as a flat graph, and a strategy's step all-reduces "
+                           "through collective ops whose ordering tokens the "
+                           "captured graph cannot carry. Train it with plain "
+                           "`model.compile` under the strategy, or spread it "
+                           "over devices with tfopt.compile(placement=..., "
+                           "devices=...) outside the scope",
                            f"<strategy {type(model.distribute_strategy).__name__}>")
   return jit
 
