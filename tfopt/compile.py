@@ -122,32 +122,30 @@ class HookReport:
     return "\n".join(lines)
 
 
-def _signature(data: tuple) -> tuple:
-  """A batch's input signature: (part, shape, dtype) of every tensor, the
-  part being "x", "y" or "sample_weight"."""
+def _parts(data) -> list:
+  """A batch's (part, value) pairs: "x", "y", "sample_weight" for Keras'
+  (x,), (x, y) and (x, y, sample_weight) tuples; else the whole batch is
+  one part, "batch" (a dict or a tensor: Keras' train_step unpacks it as
+  `unpack_x_y_sample_weight` does, a model's own train_step as it likes)."""
+  if isinstance(data, tuple) and 1 <= len(data) <= 3:
+    return list(zip(("x", "y", "sample_weight"), data))
+  return [("batch", data)]
+
+
+def _signature(data) -> tuple:
+  """A batch's input signature: (part, shape, dtype) of every tensor."""
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
   return tuple((part, tuple(t.shape), t.dtype.name)
-               for part, value in zip(("x", "y", "sample_weight"), data)
+               for part, value in _parts(data)
                if value is not None for t in tf.nest.flatten(value))
 
 
-def _tensors(data: tuple) -> list:
+def _tensors(data) -> list:
   """The batch's tensors in the captured step's input order (a part that
   is None has none)."""
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
-  return [t for part in data if part is not None
-          for t in tf.nest.flatten(part)]
-
-
-def _batch_parts(data) -> tuple:
-  """What `fit` fed for one batch as the tuple `train_step` receives:
-  (x, y) or (x, y, sample_weight), trailing Nones dropped, as Keras'
-  `unpack_x_y_sample_weight` reads it back."""
-  import keras  # pylint: disable=g-import-not-at-top
-  parts = keras.utils.unpack_x_y_sample_weight(data)
-  while len(parts) > 1 and parts[-1] is None:
-    parts = parts[:-1]
-  return tuple(parts)
+  return [t for _, value in _parts(data) if value is not None
+          for t in tf.nest.flatten(value)]
 
 
 class _OptimizedTrainFunction:
@@ -199,7 +197,10 @@ class _OptimizedTrainFunction:
         if logs is None:
           raise
         break
-      logs = self._one_step(_batch_parts(data))
+      # The batch as fit yields it, which is what Keras hands train_step:
+      # a model's own train_step may read a structure Keras' unpacking
+      # would change (a dict batch is not x).
+      logs = self._one_step(data)
     return logs
 
   def _one_step(self, data: tuple):
@@ -218,7 +219,8 @@ class _OptimizedTrainFunction:
     import tensorflow as tf  # pylint: disable=g-import-not-at-top
     from tfopt.passes import PassContext  # pylint: disable=g-import-not-at-top
     from tfopt.runtime.placed import check_rewritten  # pylint: disable=g-import-not-at-top
-    data_np = tf.nest.map_structure(np.asarray, data)
+    data_np = tf.nest.map_structure(
+        lambda a: None if a is None else np.asarray(a), data)
     step = self._capture(data_np)
     # The step's placeholders, in the order of the flattened batch.
     inputs = _tensors(data_np)
@@ -269,7 +271,9 @@ class _OptimizedTrainFunction:
     if not self.model.built:
       # As Keras' fit does: an unbuilt model (a Sequential without an Input)
       # is built by calling it on the first batch, here eagerly.
-      self.model(data_np[0], training=False)
+      import keras  # pylint: disable=g-import-not-at-top
+      x = keras.utils.unpack_x_y_sample_weight(data_np)[0]
+      self.model(x, training=False)
     try:
       step = capture_train_step(self.model, data=data_np)
     except Exception as err:  # pylint: disable=broad-except

@@ -377,26 +377,28 @@ def capture_train_step(model, *, batch_size: int | None = None, x=None, y=None,
       `(x, y, sample_weight)` as Keras' `fit` feeds it.
     data: instead of x / y / sample_weight, the batch exactly as `fit`
       hands it to `train_step`: `(x,)`, `(x, y)` or `(x, y, sample_weight)`
-      (a part may be None: nothing is derived for it).
+      (a part may be None: nothing is derived for it), or any structure of
+      arrays a model's own train_step reads (a dict batch), traced as is.
     name: the graph's name (default: the model's name).
 
   Returns:
     A CapturedStep whose graph holds the forward ops, their gradients, the
     optimizer's updates and the metric updates, each variable colocated with
     its readers and updaters. Its inputs are the batch's tensors in the
-    order of `tf.nest.flatten((x, y[, sample_weight]))`.
+    order of `tf.nest.flatten((x, y[, sample_weight]))` (of `data`, where
+    given, its None parts left out).
   """
   _check_trainable(model)
   if data is not None:
     if x is not None or y is not None or sample_weight is not None:
       raise invalid_argument("data", "given without x, y or sample_weight",
                              "<data and x / y / sample_weight>")
-    if not isinstance(data, tuple) or not 1 <= len(data) <= 3 or (
-        data[0] is None):
-      raise invalid_argument("data", "a tuple (x,), (x, y) or (x, y, "
-                             "sample_weight) with x given",
-                             type(data).__name__)
-    x = data[0]
+    leaves = [a for a in tf.nest.flatten(data) if a is not None]
+    if not leaves or (isinstance(data, tuple) and data[0] is None):
+      raise invalid_argument("data", "a batch as fit yields it: (x,), (x, "
+                             "y), (x, y, sample_weight) with x given, or a "
+                             "structure of arrays", type(data).__name__)
+    batch_size = batch_size or int(np.shape(leaves[0])[0])
   if x is not None:
     first = tf.nest.flatten(x)[0]
     batch_size = batch_size or int(np.shape(first)[0])
@@ -404,8 +406,8 @@ def capture_train_step(model, *, batch_size: int | None = None, x=None, y=None,
     raise invalid_argument("batch_size", "given when `x` is not", batch_size)
   check_positive_int("batch_size", batch_size)
   if data is not None:
-    data_spec = tuple(None if part is None else tf.nest.map_structure(
-        lambda a: _batch_spec(a, batch_size), part) for part in data)
+    data_spec = tf.nest.map_structure(
+        lambda a: None if a is None else _batch_spec(a, batch_size), data)
   else:
     data_spec = _data_spec(model, batch_size, x, y, sample_weight)
   _build_training_state(model, data_spec)
@@ -481,12 +483,22 @@ def _build_training_state(model, data_spec) -> None:
 
   Keras 3 builds them lazily on the first `fit` step; tracing must not create
   variables, so they are built here. `_symbolic_build` is private Keras API
-  (present in 3.x); without it only the optimizer is built.
+  (present in 3.x); without it only the optimizer is built. It reads the
+  batch as Keras' train_step does (x, y, sample_weight), so a model with
+  its own train_step and a batch of another structure (a dict) gets only
+  its optimizer built here; its metrics' state is then created on the
+  trace's first pass (which tf.function allows), as in Keras' own fit.
   """
+  import keras  # pylint: disable=g-import-not-at-top
+
   def zeros(spec):
+    if spec is None:
+      return None
     return np.zeros([1] + list(spec.shape[1:]), spec.dtype.as_numpy_dtype)
 
-  if hasattr(model, "_symbolic_build"):
+  keras_layout = isinstance(data_spec, tuple) and 1 <= len(data_spec) <= 3
+  own_step = type(model).train_step is not keras.Model.train_step
+  if hasattr(model, "_symbolic_build") and (keras_layout or not own_step):
     model._symbolic_build(data_batch=tf.nest.map_structure(zeros, data_spec))
   elif not model.optimizer.built:
     model.optimizer.build(model.trainable_variables)
