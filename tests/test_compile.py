@@ -342,3 +342,18 @@ def test_a_cap_below_one_input_tensor_is_refused_at_compile():
                            placement="m-etf", devices=["/device:CPU:0"],
                            memory_per_device=500_000)
   assert compiled.train_function is not None
+
+
+def test_a_model_of_a_strategy_scope_is_refused_saying_why_and_what_to_do():
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  strategy = tf.distribute.OneDeviceStrategy("/cpu:0")
+  with strategy.scope():
+    model = _mlp().model
+  before = [v.numpy().copy() for v in model.weights]
+  with pytest.raises(ValueError, match=r"(?s)Argument `model` must be built "
+                     r"outside a tf.distribute strategy scope.*ordering "
+                     r"tokens.*plain `model.compile` under the strategy.*"
+                     r"Received: model='<strategy OneDeviceStrategy>'"):
+    tfopt.compile(model, optimizer="adam", loss=_loss())
+  assert all(np.array_equal(b, v.numpy())
+             for b, v in zip(before, model.weights))

@@ -618,9 +618,11 @@ def _check_model(model, compile_kwargs) -> Any:
       model.distribute_strategy, type(tf.distribute.get_strategy())):
     raise invalid_argument("model", "built outside a tf.distribute strategy "
                            "scope: tfopt.compile captures one process's step "
-                           "as a flat graph, and a strategy's step all-reduces "
-                           "through collective ops whose ordering tokens the "
-                           "captured graph cannot carry. Train it with plain "
+                           "as a flat graph, and a strategy's step runs in "
+                           "its replica context (Mirrored and MultiWorker "
+                           "strategies all-reduce through collective ops "
+                           "whose ordering tokens the captured graph cannot "
+                           "carry). Train it with plain "
                            "`model.compile` under the strategy, or spread it "
                            "over devices with tfopt.compile(placement=..., "
                            "devices=...) outside the scope",
