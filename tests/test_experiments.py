@@ -61,6 +61,22 @@ def test_place_script_json_plan_and_gantt(tmp_path):
   assert summary["feasible"] and len(summary["peak_bytes"]) == 3
   written = json.loads(plan.read_text())
   assert set(written["placement"]) == {op.name for op in graph.ops}
+  # Not the script's word for it: the plan, re-simulated against the cap
+  # computed here, fits, and has the makespan and peaks it printed.
+  from tfopt import Cluster
+  from tfopt.graph.synthetic import total_memory
+  from tfopt.simulate import simulate
+  cap = int(total_memory(graph, costs) * 0.5)
+  assert written["memory_per_device"] == cap and written["devices"] == 3
+  again = simulate(graph, written["placement"], costs, Cluster.uniform(3, cap))
+  assert all(peak <= cap for peak in again.peak_bytes), again.over_cap()
+  assert list(again.peak_bytes) == summary["peak_bytes"]
+  assert again.makespan_us == pytest.approx(summary["makespan_us"])
+  # The whole graph on one device would not fit under that cap.
+  one = simulate(graph, {op.name: 0 for op in graph.ops}, costs,
+                 Cluster.uniform(1, cap))
+  assert not one.feasible
+  assert summary["makespan_us"] < summary["single_device_us"]
   assert png.read_bytes()[:4] == b"\x89PNG"
   again = _place(f"--costgraph={path}", "--devices=3", f"--out={plan}")
   assert again.returncode != 0 and "overwrite" in again.stderr

@@ -1,13 +1,15 @@
 """Ranking with inherited weights: BatchNorm recalibration against a NumPy
 oracle, exhaustive and sampled candidates, component fitness, no side
-effects on the super-network."""
+effects on the super-network; kendall_tau against SciPy."""
 
 import keras
 import numpy as np
 import pytest
+from scipy import stats
 
 import tfopt  # noqa: F401  (OR-Tools before TensorFlow)
 from tfopt.nas.ranking import rank, recalibrate_batchnorm
+from tfopt.nas.search import kendall_tau
 from tfopt.nas.space import tiny64
 from tfopt.nas.supernet import SuperNet
 
@@ -187,3 +189,41 @@ def test_in_graph_sampling_ranks_and_exports_the_paths_it_names(
     outs.append(np.asarray(keras.saving.load_model(done.keras_path)(
         probe, training=False)))
   np.testing.assert_allclose(outs[1], outs[0], rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("a,b,tau", [
+    ([1, 2, 3], [10, 20, 30], 1.0),
+    ([1, 2, 3], [3, 2, 1], -1.0),
+    # 6 pairs, (2, 3) swapped: (5 - 1) / 6.
+    ([1, 2, 3, 4], [1, 3, 2, 4], 2 / 3),
+    # a ties its first two: 2 of a's 3 pairs untied, all 3 of b's, both
+    # untied pairs concordant: 2 / sqrt(2 * 3).
+    ([1, 1, 2], [1, 2, 3], 2 / 6 ** 0.5),
+    # a ties (0,1) and (2,3); of its 4 other pairs (0,2) (0,3) (1,2) agree
+    # with b, (1,3) does not; b has no tie: (3 - 1) / sqrt(4 * 6).
+    ([0, 0, 1, 1], [0, 1, 2, 0.5], 2 / 24 ** 0.5),
+])
+def test_kendall_tau_hand_computed(a, b, tau):
+  assert kendall_tau(a, b) == pytest.approx(tau, abs=1e-12)
+  assert kendall_tau(b, a) == pytest.approx(tau, abs=1e-12)
+
+
+def test_kendall_tau_with_ties_equals_scipy():
+  rng = np.random.default_rng(0)
+  for trial in range(300):
+    n = int(rng.integers(2, 25))
+    # Few distinct values in half the trials: many ties.
+    levels = 4 if trial % 2 else 1000
+    a = rng.integers(0, levels, size=n).astype(float)
+    b = rng.integers(0, levels, size=n) + 0.5 * a
+    expected = stats.kendalltau(a, b, variant="b").statistic
+    if np.isnan(expected):  # one side constant: SciPy says undefined
+      assert kendall_tau(a, b) == 0.0
+    else:
+      assert kendall_tau(a, b) == pytest.approx(expected, abs=1e-12)
+
+
+def test_kendall_tau_bad_shapes_are_named():
+  for a, b in (([1, 2], [1, 2, 3]), ([1], [1]), ([[1, 2]], [[1, 2]])):
+    with pytest.raises(ValueError, match="Argument `b`"):
+      kendall_tau(a, b)

@@ -179,27 +179,67 @@ def test_compile_with_string_name_trains():
   assert history.history["loss"][-1] < history.history["loss"][0]
 
 
-def test_mixed_precision_loss_scaling():
+def _fit_weights(make, loss_scale=None):
+  """Weights after 8 steps of `fit`; with `loss_scale`, under the
+  mixed_float16 policy and a LossScaleOptimizer starting at that scale."""
   x, y = _data()
-  keras.mixed_precision.set_dtype_policy("mixed_float16")
+  if loss_scale is not None:
+    keras.mixed_precision.set_dtype_policy("mixed_float16")
   try:
-    results = []
-    for inner in (CautiousAdamW(weight_decay=0.1,
-                                cautious_weight_decay=False),
-                  keras.optimizers.AdamW(weight_decay=0.1),
-                  CautiousAdamW(weight_decay=0.1)):
-      model = _model()
-      model.compile(optimizer=keras.optimizers.LossScaleOptimizer(inner),
-                    loss="mse")
-      model.fit(x, y, batch_size=16, epochs=2, shuffle=False, verbose=0)
-      results.append(_weights(model))
+    model = _model()
+    opt = make()
+    if loss_scale is not None:
+      opt = keras.optimizers.LossScaleOptimizer(opt, initial_scale=loss_scale)
+    model.compile(optimizer=opt, loss="mse")
+    model.fit(x, y, batch_size=16, epochs=2, shuffle=False, verbose=0)
+    # A skipped (overflowing) step would leave the run a step behind.
+    assert int(model.optimizer.iterations) == 8
+    return _weights(model)
   finally:
     keras.mixed_precision.set_dtype_policy("float32")
-  assert all(w.dtype == np.float32 for w in results[0])
-  for a, b in zip(results[0], results[1]):
+
+
+def test_mixed_precision_loss_scaling():
+  # lr and wd large enough that the decay moves each tensor by 2.5-5 %
+  # (relative norm) in 8 steps, well above the float16 forward's noise
+  # (at most 0.7 %). 2**10: the default 2**15 overflows at the first step
+  # on this model, and a skipped step would dwarf the decay.
+  kw = {"learning_rate": 0.01, "weight_decay": 1.0}
+  scale = 2.0 ** 10
+  plain = _fit_weights(
+      lambda: CautiousAdamW(cautious_weight_decay=False, **kw), scale)
+  assert all(w.dtype == np.float32 for w in plain)  # float32 masters
+  for a, b in zip(plain, _fit_weights(
+      lambda: keras.optimizers.AdamW(**kw), scale)):
     np.testing.assert_array_equal(a, b)
-  assert all(np.isfinite(w).all() for w in results[2])
-  assert not all(np.array_equal(a, b) for a, b in zip(results[1], results[2]))
+  # CWD under loss scaling against the same CWD in float32 without it.
+  mixed = _fit_weights(lambda: CautiousAdamW(**kw), scale)
+  full = _fit_weights(lambda: CautiousAdamW(**kw))
+  for a, b in zip(mixed, full):
+    assert np.linalg.norm(a - b) < 0.015 * np.linalg.norm(b)
+
+  # The update itself against the NumPy reference: gradients arrive
+  # multiplied by the scale, and an overflowing step is skipped (the
+  # variable and Adam's step count untouched, the scale halved).
+  opt = keras.optimizers.LossScaleOptimizer(CautiousAdamW(**kw),
+                                            initial_scale=scale)
+  rng = np.random.default_rng(5)
+  x0 = rng.normal(size=(6, 4)).astype("float32")
+  var = keras.Variable(x0)
+  opt.build([var])
+  ref = reference.AdamRef(0.01, 0.9, 0.999, 1e-7, 1.0)
+  xs = [x0.astype(np.float64)]
+  for step in range(5):
+    if step == 2:
+      before = np.asarray(var)
+      opt.apply([tf.fill((6, 4), np.inf)], [var])
+      np.testing.assert_array_equal(np.asarray(var), before)
+      assert float(opt.dynamic_scale) == scale / 2
+      continue
+    g = rng.normal(size=(6, 4)).astype("float16").astype("float32")
+    opt.apply([tf.constant(g * float(opt.dynamic_scale))], [var])
+    xs, _ = ref.step(xs, [g.astype(np.float64)])
+  np.testing.assert_allclose(np.asarray(var), xs[0], rtol=1e-5, atol=1e-6)
 
 
 def test_decay_fraction_logger_in_fit():

@@ -58,15 +58,36 @@ def test_random_graphs_coarsen_without_cycles_or_lost_costs(seed):
     assert len({c.graph[c.group_of[m]].colocation for m in members}) == 1
 
 
+# Ops before / after on each shared workload, measured: 600 / 268 (2.24x),
+# 192 / 138 (1.39x), 652 / 138 (4.72x), 1243 / 595 (2.09x). The bounds sit
+# just below, so a coarsening that loses its grip on any one shows.
+MIN_REDUCTION = {
+    "msr_bert_l3_training_ops": 2.2,
+    "msr_gnmt_training_layers": 1.35,
+    "msr_inceptionv3_training_layers": 4.6,
+    "msr_resnet50_training_ops": 2.0,
+}
+
+
 def test_shared_workloads_coarsen(costgraph_files):
+  seen = set()
   for path in costgraph_files:
     if path.suffix != ".json":
       continue
+    seen.add(path.stem)
     cg = load_costgraph(path)
     c = coarsen(cg.graph, cg.costs)
-    # Every shared workload shrinks (1.4x for GNMT to 4.7x for Inception).
-    assert len(c.graph) < len(cg.graph)
-    assert "fewer ops" in c.describe()
+    # Every op lands in exactly one group, each group is one coarse op:
+    # the ratio counts real groups, not ops dropped.
+    assert set(c.group_of) == {op.name for op in cg.graph.ops}
+    assert set(c.group_of.values()) == {op.name for op in c.graph.ops}
+    assert c.costs.total_compute_us() == pytest.approx(
+        cg.costs.total_compute_us())
+    ratio = len(cg.graph) / len(c.graph)
+    assert ratio >= MIN_REDUCTION[path.stem], (path.stem, c.describe())
+    assert c.reduction == ratio
+    assert f"({ratio:.1f}x fewer ops)" in c.describe()
+  assert seen == set(MIN_REDUCTION)
 
 
 @pytest.mark.parametrize("seed", range(4))

@@ -4,6 +4,7 @@ cannot hold it fails with the task named (skipped where cgroups are not
 writable, with the reason)."""
 
 import json
+import os
 import subprocess
 import sys
 
@@ -76,8 +77,42 @@ def test_process_peak_is_growth_over_the_baseline():
     proc.communicate(timeout=60)
 
 
-def test_unavailable_reason_says_why():
-  assert REASON is None or "cgroup" in REASON
+def test_unavailable_reason_says_why(tmp_path, monkeypatch):
+  # Whether caps work here or not, the reason comes from the roots: move
+  # them to places that fail, one way each.
+  missing = str(tmp_path / "missing")
+  v2 = tmp_path / "v2"
+  v2.mkdir()
+  monkeypatch.setattr(caps, "_V1_ROOT", missing)
+  monkeypatch.setattr(caps, "_V2_ROOTS", (missing,))
+  assert caps.unavailable_reason() == (
+      f"no cgroup memory controller is mounted (v1 at {missing} or v2 with "
+      "the memory controller enabled)")
+  with pytest.raises(PermissionError, match="no cgroup memory controller"):
+    caps.MemoryCap("test", 1 << 20)
+  # A v2 hierarchy without the memory controller is none either.
+  monkeypatch.setattr(caps, "_V2_ROOTS", (missing, str(v2)))
+  (v2 / "cgroup.controllers").write_text("cpu io pids\n")
+  assert caps.unavailable_reason().startswith("no cgroup memory controller")
+  # With it but read-only: the hierarchy and the user are named.
+  (v2 / "cgroup.controllers").write_text("cpu memory pids\n")
+  v2.chmod(0o555)
+  if os.getuid() == 0:
+    # Root passes every permission bit: answer as the kernel would for
+    # anyone else, from the owner's write bit.
+    monkeypatch.setattr(caps.os, "access", lambda path, mode: not (
+        mode & os.W_OK) or bool(os.stat(path).st_mode & 0o200))
+  try:
+    assert caps.unavailable_reason() == (
+        f"the cgroup v2 memory hierarchy at {v2} is not writable by this "
+        f"user (uid {os.getuid()})")
+  finally:
+    v2.chmod(0o755)
+  # Writable, it is available: groups go under our own group's path if
+  # there, else (here) the root itself.
+  assert caps.unavailable_reason() is None
+  version, where = caps._base()  # pylint: disable=protected-access
+  assert (version, os.path.normpath(where)) == (2, str(v2))
 
 
 def _run(mode):
