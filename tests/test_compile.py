@@ -344,16 +344,46 @@ def test_a_cap_below_one_input_tensor_is_refused_at_compile():
   assert compiled.train_function is not None
 
 
-def test_a_model_of_a_strategy_scope_is_refused_saying_why_and_what_to_do():
+def test_strategies_other_than_mirrored_are_refused_saying_why():
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
-  strategy = tf.distribute.OneDeviceStrategy("/cpu:0")
-  with strategy.scope():
+  with tf.distribute.OneDeviceStrategy("/cpu:0").scope():
     model = _mlp().model
   before = [v.numpy().copy() for v in model.weights]
   with pytest.raises(ValueError, match=r"(?s)Argument `model` must be built "
-                     r"outside a tf.distribute strategy scope.*ordering "
-                     r"tokens.*plain `model.compile` under the strategy.*"
-                     r"Received: model='<strategy OneDeviceStrategy>'"):
+                     r"outside a tf.distribute strategy scope, or in a "
+                     r"MirroredStrategy's.*plain `model.compile` under the "
+                     r"strategy.*Received: model='<strategy "
+                     r"OneDeviceStrategy>'"):
     tfopt.compile(model, optimizer="adam", loss=_loss())
   assert all(np.array_equal(b, v.numpy())
              for b, v in zip(before, model.weights))
+
+
+def test_a_mirrored_model_trains_as_plain_keras_and_refuses_placement():
+  # One replica in this process (2 replicas over logical CPUs: the
+  # compatibility matrix's `mirrored` cells, in a process of their own).
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  strategy = tf.distribute.MirroredStrategy(["/cpu:0"])
+  x, y = _mlp().batch(32)
+  weights = np.linspace(0.5, 1.5, 32).astype("float32")
+  runs = []
+  for hooked in (False, True):
+    with strategy.scope():
+      model = _mlp().model
+      kwargs = dict(optimizer="adam", loss=_loss(), metrics=["accuracy"])
+      if hooked:
+        tfopt.compile(model, verbose=False, **kwargs)
+      else:
+        model.compile(**kwargs)
+    runs.append(model.fit(x, y, sample_weight=weights, batch_size=8,
+                          epochs=2, shuffle=False, verbose=0).history)
+  for key in runs[0]:
+    np.testing.assert_allclose(runs[1][key], runs[0][key], rtol=1e-6)
+  (report,) = model.train_function.reports.values()
+  assert report.replicas == 1 and report.ops_verified > 0
+  with strategy.scope():
+    placed = _mlp().model
+  with pytest.raises(ValueError, match="Argument `placement` must be None "
+                     "for a model built in a MirroredStrategy scope"):
+    tfopt.compile(placed, optimizer="adam", loss=_loss(), placement="auto",
+                  devices=["/device:CPU:0"])

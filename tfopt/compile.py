@@ -46,12 +46,17 @@ N batches per call, as Keras' own function does. Functional control flow
 such node is one op to cost and place, its function library travels with
 every rewrite.
 
+A model built in a `tf.distribute.MirroredStrategy` scope trains with the
+strategy: each replica's forward, loss and gradients are captured and
+rewritten, the all-reduce and the updates stay Keras' own
+(`tfopt.compile_strategy`).
+
 Keras' `evaluate` and `predict` are not rewritten (they run where the
 variables live). What tfopt cannot honour is refused up front: another
-Keras backend, a distribution strategy (its all-reduce does not survive
-capture: see `_check_model`), devices that do not exist or tasks that do
-not answer, pins to devices not given, a variable outside Keras living on
-a device outside `devices`. `jit_compile=True` with fusion=False and no
+Keras backend, other distribution strategies and placement under one,
+devices that do not exist or tasks that do not answer, pins to devices
+not given, a variable outside Keras living on a device outside
+`devices`. `jit_compile=True` with fusion=False and no
 placement is Keras' own XLA step (no hook). Calling `model.compile` again
 removes the hook.
 """
@@ -91,6 +96,7 @@ class HookReport:
   costed_ops: int = 0
   cluster_source: str = ""  # the calibration used, or the default model
   selection: str = ""  # select="measured": the candidates' times
+  replicas: int = 1  # a MirroredStrategy's replicas, each with its step
 
   def table(self) -> str:
     lines = [f"tfopt.compile: step for inputs {self.signature}",
@@ -114,7 +120,10 @@ class HookReport:
       if self.selection:
         lines.append(self.selection)
     where = (f"; {self.ops_verified} ops ran where planned"
-             if self.placer is not None else " (one device)")
+             if self.placer is not None else
+             f" in each of {self.replicas} replicas (the strategy's "
+             f"all-reduce and updates by Keras)" if self.replicas > 1 else
+             " (one device)")
     lines.append(f"verified on the first batch: same loss and variable "
                  f"updates as the original step{where}")
     if self.xla:
@@ -157,8 +166,11 @@ class _OptimizedTrainFunction:
                pins: dict[str, int] | None = None,
                cluster: dict[str, list[str]] | None = None,
                calibration=None, select: str = "simulated",
-               measure_steps: int = 5):
+               measure_steps: int = 5, strategy=None):
     self.model = model
+    # A MirroredStrategy the model was built under (tfopt.compile_strategy),
+    # or None.
+    self.strategy = strategy
     self.calibration = calibration
     self.select = select
     self.measure_steps = measure_steps
@@ -204,7 +216,9 @@ class _OptimizedTrainFunction:
     return logs
 
   def _one_step(self, data: tuple):
-    key = _signature(data)
+    from tfopt import compile_strategy  # pylint: disable=g-import-not-at-top
+    key = (_signature(data) if self.strategy is None else
+           compile_strategy.signature(data))
     if key not in self.steps:
       self.steps[key] = self._build(data, key)
     return self.steps[key](data)
@@ -219,11 +233,17 @@ class _OptimizedTrainFunction:
     import tensorflow as tf  # pylint: disable=g-import-not-at-top
     from tfopt.passes import PassContext  # pylint: disable=g-import-not-at-top
     from tfopt.runtime.placed import check_rewritten  # pylint: disable=g-import-not-at-top
-    data_np = tf.nest.map_structure(
-        lambda a: None if a is None else np.asarray(a), data)
-    step = self._capture(data_np)
-    # The step's placeholders, in the order of the flattened batch.
-    inputs = _tensors(data_np)
+    from tfopt import compile_strategy  # pylint: disable=g-import-not-at-top
+    if self.strategy is None:
+      data_np = tf.nest.map_structure(
+          lambda a: None if a is None else np.asarray(a), data)
+      step = self._capture(data_np)
+      # The step's placeholders, in the order of the flattened batch.
+      inputs = _tensors(data_np)
+    else:
+      step, kept = compile_strategy.capture_replica_step(
+          self.model, self.strategy, data)
+      inputs = compile_strategy.numpy_inputs(data)
     pipeline = self._pipeline()
     ctx = PassContext.for_step(step)
     if self.placement:
@@ -247,7 +267,9 @@ class _OptimizedTrainFunction:
     run, check = check_rewritten(step, [inputs], graph,
                                  target=self._target(graph), atol=1e-5)
     report = HookReport(key, pipeline, result.table(),
-                        ops_verified=check.checked)
+                        ops_verified=check.checked,
+                        replicas=(1 if self.strategy is None else
+                                  self.strategy.num_replicas_in_sync))
     if self.xla:
       graph, report.xla = _with_xla(step, inputs, graph, run)
     plan = ctx.results.get("placement")
@@ -263,7 +285,11 @@ class _OptimizedTrainFunction:
     self.graph_defs[key] = graph
     if self.verbose:
       print(report.table())
-    return _imported_step(step, graph, variables)
+    run = _imported_step(step, graph, variables)
+    if self.strategy is not None:
+      return compile_strategy.replica_train_function(self.model,
+                                                     self.strategy, run, kept)
+    return lambda batch: run(_tensors(batch))
 
   def _capture(self, data_np: tuple):
     from tfopt.graph.capture import capture_train_step  # pylint: disable=g-import-not-at-top
@@ -456,7 +482,8 @@ def _restore_name_scope_stack(saved) -> None:
 
 
 def _imported_step(step, graph_def, variables):
-  """A tf.function running `graph_def` on the model's own variables:
+  """A tf.function running `graph_def` on the model's own variables, fed
+  the step's input tensors as a list (in `step.input_names`' order):
   `variables` maps each captured variable's node to the Keras variable
   (its current tf.Variable's handle is read when the function is traced)
   or a tf.Variable. The step itself is not kept (its tf.Variables would
@@ -465,9 +492,11 @@ def _imported_step(step, graph_def, variables):
   outputs = list(step.output_names)
   targets = list(step.target_names)
   input_names = list(step.input_names)
-  # The logs' structure only: the traced tensors would keep the captured
-  # function's graph (and its captures) alive.
-  structure = tf.nest.map_structure(lambda _: 0, step.output_structure)
+  # The outputs' structure as type specs only (the traced tensors would
+  # keep the captured function's graph and its captures alive); composite
+  # outputs (an embedding's IndexedSlices gradient) are several tensors.
+  structure = tf.nest.map_structure(tf.type_spec_from_value,
+                                    step.output_structure)
   variables = dict(variables)
 
   import keras  # pylint: disable=g-import-not-at-top
@@ -476,9 +505,8 @@ def _imported_step(step, graph_def, variables):
     return var.value.handle if isinstance(var, keras.Variable) else var.handle
 
   @tf.function(autograph=False)
-  def run(data):
+  def run(feeds):
     graph = tf.compat.v1.get_default_graph()
-    feeds = _tensors(data)
     input_map = {f"{name}:0": tensor
                  for name, tensor in zip(input_names, feeds)}
     # Each captured variable's handle node reads the Keras variable itself.
@@ -489,7 +517,7 @@ def _imported_step(step, graph_def, variables):
         name="tfopt_step")
     with tf.control_dependencies(results[len(outputs):]):
       values = [tf.identity(t) for t in results[:len(outputs)]]
-    return tf.nest.pack_sequence_as(structure, values)
+    return tf.nest.pack_sequence_as(structure, values, expand_composites=True)
 
   return run
 
@@ -542,7 +570,9 @@ def compile(model, *, fusion: bool = True,  # pylint: disable=redefined-builtin
   Returns:
     `model`, compiled; `model.train_function.reports` holds the reports.
   """
-  jit = _check_model(model, compile_kwargs)
+  jit, strategy = _check_model(model, compile_kwargs)
+  from tfopt import compile_strategy  # pylint: disable=g-import-not-at-top
+  compile_strategy.refuse_placement(strategy, placement)
   spec = None
   if placement is not None:
     spec, pins, calibration = _check_placement(
@@ -560,14 +590,18 @@ def compile(model, *, fusion: bool = True,  # pylint: disable=redefined-builtin
     _check_inputs_fit(model, memory_per_device)
   # Keras' own meaning for its functions (evaluate, predict, and train
   # without the hook); the hook's step gets XLA through per-device marks.
-  model.compile(jit_compile=jit, **compile_kwargs)
+  if strategy is not None and not _has_strategy():
+    with strategy.scope():  # the optimizer's and metrics' variables
+      model.compile(jit_compile=jit, **compile_kwargs)
+  else:
+    model.compile(jit_compile=jit, **compile_kwargs)
   if fusion or placement:
     hook = _OptimizedTrainFunction(
         model, fusion=fusion, placement=placement, devices=devices,
         memory_per_device=memory_per_device, verbose=verbose,
         xla=jit is True, pins=pins if placement else None,
         cluster=spec, calibration=calibration, select=select,
-        measure_steps=measure_steps)
+        measure_steps=measure_steps, strategy=strategy)
     # Keras' fit calls make_train_function(), which keeps a function that is
     # already set; compile() resets it, which removes the hook.
     model.train_function = hook
@@ -600,11 +634,11 @@ def _keep_hook(model, hook) -> None:
   model.make_train_function = make_train_function
 
 
-def _check_model(model, compile_kwargs) -> Any:
+def _check_model(model, compile_kwargs) -> tuple:
   """Refuses what the hook cannot honour about the model and Keras'
-  arguments; returns (and removes from them) `jit_compile`."""
+  arguments; returns `jit_compile` (removed from them) and the model's
+  MirroredStrategy, or None."""
   import keras  # pylint: disable=g-import-not-at-top
-  import tensorflow as tf  # pylint: disable=g-import-not-at-top
   if not isinstance(model, keras.Model):
     raise invalid_argument("model", "a keras.Model", type(model).__name__)
   if keras.backend.backend() != "tensorflow":
@@ -614,20 +648,8 @@ def _check_model(model, compile_kwargs) -> Any:
   jit = compile_kwargs.pop("jit_compile", "auto")  # Keras' default
   if jit not in (True, False, None, "auto"):
     raise invalid_argument("jit_compile", "True, False, None or 'auto'", jit)
-  if tf.distribute.has_strategy() or not isinstance(
-      model.distribute_strategy, type(tf.distribute.get_strategy())):
-    raise invalid_argument("model", "built outside a tf.distribute strategy "
-                           "scope: tfopt.compile captures one process's step "
-                           "as a flat graph, and a strategy's step runs in "
-                           "its replica context (Mirrored and MultiWorker "
-                           "strategies all-reduce through collective ops "
-                           "whose ordering tokens the captured graph cannot "
-                           "carry). Train it with plain "
-                           "`model.compile` under the strategy, or spread it "
-                           "over devices with tfopt.compile(placement=..., "
-                           "devices=...) outside the scope",
-                           f"<strategy {type(model.distribute_strategy).__name__}>")
-  return jit
+  from tfopt.compile_strategy import supported_strategy  # pylint: disable=g-import-not-at-top
+  return jit, supported_strategy(model)
 
 
 def _check_inputs_fit(model, memory_per_device: int) -> None:
@@ -714,3 +736,9 @@ def _check_devices(devices) -> None:
           "devices", f"devices of this process ({available}); logical CPU "
           f"devices come from tf.config.set_logical_device_configuration "
           f"before TensorFlow starts", devices)
+
+
+def _has_strategy() -> bool:
+  """Whether a strategy scope is open (tf.distribute.has_strategy)."""
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  return tf.distribute.has_strategy()
