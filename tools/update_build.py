@@ -12,6 +12,7 @@ import pathlib
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 LARGE_TESTS = {"tests/test_zoo.py", "tests/test_experiments.py",
+               "tests/compat/test_matrix.py",
                "tests/cost/test_profile.py"}
 
 
