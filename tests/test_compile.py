@@ -387,3 +387,32 @@ def test_a_mirrored_model_trains_as_plain_keras_and_refuses_placement():
                      "for a model built in a MirroredStrategy scope"):
     tfopt.compile(placed, optimizer="adam", loss=_loss(), placement="auto",
                   devices=["/device:CPU:0"])
+
+
+def test_xla_with_dropout_compiles_and_draws_plain_keras_masks():
+  # XLA's random generators are not TensorFlow kernels' (Keras' own
+  # jit_compile=True gives this model another dropout mask): the hook
+  # leaves random-number ops unmarked, so its XLA step compiles and
+  # matches plain Keras without XLA.
+  def build():
+    keras.utils.set_random_seed(0)
+    inputs = keras.Input((16,))
+    h = keras.layers.Dense(32, activation="relu")(inputs)
+    h = keras.layers.Dropout(0.3)(h)
+    return keras.Model(inputs, keras.layers.Dense(3)(h))
+
+  rng = np.random.default_rng(0)
+  x = rng.standard_normal((32, 16)).astype("float32")
+  y = rng.integers(0, 3, 32)
+  plain = build()
+  plain.compile(optimizer="adam", loss=_loss(), jit_compile=False)
+  expected = plain.fit(x, y, batch_size=8, epochs=2, shuffle=False,
+                       verbose=0).history["loss"]
+  model = tfopt.compile(build(), optimizer="adam", loss=_loss(),
+                        jit_compile=True, verbose=False)
+  got = model.fit(x, y, batch_size=8, epochs=2, shuffle=False,
+                  verbose=0).history["loss"]
+  np.testing.assert_allclose(got, expected, rtol=1e-4)
+  (report,) = model.train_function.reports.values()
+  assert report.xla.startswith("XLA: ") and (
+      "StatelessRandomUniformV2 x1" in report.xla), report.xla
