@@ -51,6 +51,11 @@ flags.DEFINE_string("extra_compute", None, "W:MS: about MS ms of extra "
                     "compute inside every step of worker W.")
 flags.DEFINE_bool("stragglers", False, "Record and exchange step phases.")
 flags.DEFINE_integer("exchange_every", 10, "Steps between exchanges.")
+flags.DEFINE_bool("hook", False, "Train through tfopt.compile's hook (each "
+                  "replica's step captured and fused; the all-reduce "
+                  "the strategy's own).")
+flags.DEFINE_bool("jit_compile", False, "Keras' jit_compile=True (with "
+                  "--hook: the captured step marked for XLA).")
 
 
 def _dataset_fn(tf, np):
@@ -155,7 +160,7 @@ def _with_extra_compute(tf, model, matmuls: int) -> None:
 def main(argv):
   del argv
   import numpy as np  # pylint: disable=import-outside-toplevel
-  import tfopt  # noqa: F401  pylint: disable=import-outside-toplevel,unused-import
+  import tfopt  # pylint: disable=import-outside-toplevel
   import tensorflow as tf  # pylint: disable=import-outside-toplevel
   import keras  # pylint: disable=import-outside-toplevel
   from tfopt.scale import worker  # pylint: disable=import-outside-toplevel
@@ -173,7 +178,12 @@ def main(argv):
         keras.layers.Dropout(FLAGS.dropout, seed=FLAGS.seed),
         keras.layers.Dense(FLAGS.width, activation="relu"),
         keras.layers.Dense(1)])
-    model.compile(optimizer=keras.optimizers.Adam(1e-3), loss="mse")
+    compile_args = dict(optimizer=keras.optimizers.Adam(1e-3), loss="mse",
+                        jit_compile=FLAGS.jit_compile)
+    if FLAGS.hook:
+      tfopt.compile(model, verbose=False, **compile_args)
+    else:
+      model.compile(**compile_args)
   if FLAGS.extra_compute:
     who, ms = FLAGS.extra_compute.split(":")
     if int(who) == env.worker:
@@ -197,6 +207,9 @@ def main(argv):
              "global_step": result.global_step,
              "resumed_from": result.resumed_from, "final_loss": loss,
              "weights_sha256": digest.hexdigest()}
+  if FLAGS.hook:  # what the hook did, per input signature
+    summary["hook"] = [report.table() for report in
+                       model.train_function.reports.values()]
   if env.run_dir:
     from tfopt._io import atomic_write_text  # pylint: disable=import-outside-toplevel
     atomic_write_text(os.path.join(env.run_dir,

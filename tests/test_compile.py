@@ -383,10 +383,16 @@ def test_a_mirrored_model_trains_as_plain_keras_and_refuses_placement():
   assert report.replicas == 1 and report.ops_verified > 0
   with strategy.scope():
     placed = _mlp().model
-  with pytest.raises(ValueError, match="Argument `placement` must be None "
-                     "for a model built in a MirroredStrategy scope"):
+  with pytest.raises(ValueError, match=r"Argument `placement` must be None "
+                     r"for a model built in a \(MultiWorker\)MirroredStrategy "
+                     r"scope"):
     tfopt.compile(placed, optimizer="adam", loss=_loss(), placement="auto",
                   devices=["/device:CPU:0"])
+  # A train_step set on the instance (as a test harness wraps one) would be
+  # bypassed by the cut at apply_gradients: refused, not ignored.
+  placed.train_step = lambda data: keras.Model.train_step(placed, data)
+  with pytest.raises(ValueError, match="its own train_step"):
+    tfopt.compile(placed, optimizer="adam", loss=_loss())
 
 
 def test_xla_with_dropout_compiles_and_draws_plain_keras_masks():

@@ -46,8 +46,8 @@ N batches per call, as Keras' own function does. Functional control flow
 such node is one op to cost and place, its function library travels with
 every rewrite.
 
-A model built in a `tf.distribute.MirroredStrategy` scope trains with the
-strategy: each replica's forward, loss and gradients are captured and
+A model built in a `tf.distribute.MirroredStrategy` or
+`MultiWorkerMirroredStrategy` scope trains with the strategy: each replica's forward, loss and gradients are captured and
 rewritten, the all-reduce and the updates stay Keras' own
 (`tfopt.compile_strategy`).
 
@@ -96,7 +96,7 @@ class HookReport:
   costed_ops: int = 0
   cluster_source: str = ""  # the calibration used, or the default model
   selection: str = ""  # select="measured": the candidates' times
-  replicas: int = 1  # a MirroredStrategy's replicas, each with its step
+  replicas: int = 1  # a strategy's replicas (all workers'), each its step
 
   def table(self) -> str:
     lines = [f"tfopt.compile: step for inputs {self.signature}",
@@ -168,7 +168,8 @@ class _OptimizedTrainFunction:
                calibration=None, select: str = "simulated",
                measure_steps: int = 5, strategy=None):
     self.model = model
-    # A MirroredStrategy the model was built under (tfopt.compile_strategy),
+    # A (MultiWorker)MirroredStrategy the model was built under
+    # (tfopt.compile_strategy),
     # or None.
     self.strategy = strategy
     self.calibration = calibration
@@ -244,6 +245,8 @@ class _OptimizedTrainFunction:
       step, kept = compile_strategy.capture_replica_step(
           self.model, self.strategy, data)
       inputs = compile_strategy.numpy_inputs(data)
+      step, on_worker = compile_strategy.for_local_checks(step,
+                                                          self.strategy)
     pipeline = self._pipeline()
     ctx = PassContext.for_step(step)
     if self.placement:
@@ -285,10 +288,11 @@ class _OptimizedTrainFunction:
     self.graph_defs[key] = graph
     if self.verbose:
       print(report.table())
-    run = _imported_step(step, graph, variables)
     if self.strategy is not None:
+      run = _imported_step(step, on_worker(graph), variables)
       return compile_strategy.replica_train_function(self.model,
                                                      self.strategy, run, kept)
+    run = _imported_step(step, graph, variables)
     return lambda batch: run(_tensors(batch))
 
   def _capture(self, data_np: tuple):

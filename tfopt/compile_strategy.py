@@ -1,4 +1,5 @@
-"""`tfopt.compile` under a `tf.distribute.MirroredStrategy`.
+"""`tfopt.compile` under a `tf.distribute.MirroredStrategy` or
+`MultiWorkerMirroredStrategy`.
 
 A strategy's training step cannot be captured whole: its all-reduce runs
 through collective ops whose ordering tokens are resources of the strategy,
@@ -16,6 +17,10 @@ step crosses replicas:
   (`reduce_per_replica`, "auto"), exactly as Keras' `fit` does.
 
 The losses and metrics are then plain Keras' under the same strategy.
+Under MultiWorkerMirroredStrategy each worker captures its own replicas
+(its task's devices) and checks the rewrite in an in-process Session on
+localhost's names for them; the all-reduce across workers is the
+strategy's.
 Placement inside a replica (`placement=`) is refused: the strategy already
 puts each replica on its device. A model with its own `train_step` is
 refused under a strategy (the cut is made in Keras' step).
@@ -39,16 +44,20 @@ def supported_strategy(model) -> Any:
   if isinstance(strategy, type(tf.distribute.get_strategy())) and not (
       tf.distribute.has_strategy()):
     return None  # the default strategy: one process, no replicas
-  if not isinstance(strategy, tf.distribute.MirroredStrategy):
+  if not isinstance(strategy, (tf.distribute.MirroredStrategy,
+                               tf.distribute.MultiWorkerMirroredStrategy)):
     raise invalid_argument(
         "model", "built outside a tf.distribute strategy scope, or in a "
-        "MirroredStrategy's: tfopt.compile captures each replica's step and "
-        "leaves the all-reduce to Keras under MirroredStrategy only (other "
-        "strategies' replica contexts are not verified with the hook). "
+        "MirroredStrategy's or MultiWorkerMirroredStrategy's: tfopt.compile "
+        "captures each replica's step and leaves the all-reduce to Keras "
+        "under those only (other strategies' replica contexts -- "
+        "parameter servers, TPUs, one device -- are not verified with the "
+        "hook). "
         "Train it with plain `model.compile` under the strategy, or spread "
         "it over devices with tfopt.compile(placement=..., devices=...) "
         "outside the scope", f"<strategy {type(strategy).__name__}>")
-  if type(model).train_step is not keras.Model.train_step:
+  if (type(model).train_step is not keras.Model.train_step or
+      "train_step" in vars(model)):
     raise invalid_argument(
         "model", "a model with Keras' own train_step under a strategy (the "
         "hook splits Keras' step at apply_gradients; a model's own "
@@ -57,11 +66,64 @@ def supported_strategy(model) -> Any:
   return strategy
 
 
+def cluster_spec(strategy) -> dict[str, list[str]] | None:
+  """The multi-worker cluster a strategy's devices belong to ({job:
+  [address, ...]}), None for one process's."""
+  resolver = getattr(strategy, "cluster_resolver", None)
+  spec = resolver.cluster_spec().as_dict() if resolver is not None else {}
+  return {job: list(tasks) for job, tasks in spec.items()} or None
+
+
+def worker_task(strategy) -> str | None:
+  """This worker's task ("/job:worker/replica:0/task:1") when the
+  strategy's replicas are devices of a cluster's task
+  (MultiWorkerMirroredStrategy under TF_CONFIG), None for this process's
+  own devices."""
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  spec = tf.DeviceSpec.from_string(strategy.extended.worker_devices[0])
+  if spec.job in (None, "localhost"):
+    return None
+  return f"/job:{spec.job}/replica:{spec.replica or 0}/task:{spec.task or 0}"
+
+
+_LOCAL_TASK = "/job:localhost/replica:0/task:0"
+
+
+def relocated(graph_def, old: str, new: str):
+  """A copy of `graph_def` whose device strings on task `old` name the
+  same devices on task `new` (its function bodies' too).
+
+  A worker's replica step names the worker's task; the first-batch check
+  runs it in an in-process Session, whose devices are localhost's, and the
+  checked graph runs on the worker's task again."""
+  out = type(graph_def)()
+  out.CopyFrom(graph_def)
+  nodes = [*out.node, *(n for f in out.library.function for n in f.node_def)]
+  for node in nodes:
+    if node.device.startswith(old):
+      node.device = new + node.device[len(old):]
+  return out
+
+
+def for_local_checks(step, strategy):
+  """`step` with its device strings on this process's localhost task, and
+  a function putting a checked graph back on the worker's task (the
+  identity for a one-process strategy)."""
+  import dataclasses  # pylint: disable=g-import-not-at-top
+  task = worker_task(strategy)
+  if task is None:
+    return step, lambda graph_def: graph_def
+  local = dataclasses.replace(
+      step, graph_def=relocated(step.graph_def, task, _LOCAL_TASK))
+  return local, lambda graph_def: relocated(graph_def, _LOCAL_TASK, task)
+
+
 def refuse_placement(strategy, placement) -> None:
   """Placement inside a replica is not offered."""
   if strategy is not None and placement is not None:
     raise invalid_argument(
-        "placement", "None for a model built in a MirroredStrategy scope "
+        "placement", "None for a model built in a (MultiWorker)MirroredStrategy "
+        "scope "
         "(the strategy puts each replica on its device; placing ops inside "
         "a replica is not supported): build the model outside the scope to "
         "place it over `devices`", placement)
@@ -148,7 +210,10 @@ def replica_train_function(model, strategy, run, kept):
     # Each replica's tensors on its device (a one-replica strategy's
     # all-reduce finds no destination for a tensor without one).
     def value(ctx):
-      replica = ctx.replica_id_in_sync_group
+      # This worker's replicas, in order: under MultiWorkerMirrored the
+      # id in the sync group counts every worker's (worker i's are
+      # i * local .. i * local + local - 1).
+      replica = ctx.replica_id_in_sync_group % len(devices)
       with tf.device(devices[replica]):
         return tf.nest.map_structure(tf.identity, values[replica][part])
     return strategy.experimental_distribute_values_from_function(value)

@@ -1,5 +1,7 @@
 """Rewrite passes, each checked by running the graph before and after it."""
 
+import collections
+
 import numpy as np
 import pytest
 import tensorflow as tf
@@ -355,3 +357,37 @@ def test_control_pass_sends_one_control_message_per_op_and_device(mlp):
   # Nothing to do on one device.
   one = PassManager("control").run(step.graph_def, ctx)
   assert not one.reports[0].changed
+
+
+def test_fold_rewrites_inside_a_while_loops_bodies_and_keeps_its_math():
+  # A Keras LSTM's step: the forward While and its gradient While, whose
+  # bodies live in the function library. Constant folding reaches into
+  # the gradient body (a MatMul by a folded constant goes), and the step
+  # computes what it computed (run before and after).
+  import keras  # pylint: disable=g-import-not-at-top
+  keras.utils.set_random_seed(0)
+  inputs = keras.Input((6, 4))
+  outputs = keras.layers.Dense(1)(keras.layers.LSTM(8)(inputs))
+  model = keras.Model(inputs, outputs)
+  model.compile(optimizer="adam", loss="mse")
+  rng = np.random.default_rng(0)
+  batches = [[rng.random((4, 6, 4), np.float32),
+              rng.random((4, 1), np.float32)] for _ in range(2)]
+  step = capture_train_step(model, data=tuple(batches[0]))
+
+  def bodies(graph_def):
+    return {f.signature.name: collections.Counter(n.op for n in f.node_def)
+            for f in graph_def.library.function}
+
+  before = bodies(step.graph_def)
+  assert sum(op_counts(step.graph_def)[op] for op in ("While",
+                                                      "StatelessWhile")) == 2
+  result = PassManager("prune,identity,fold",
+                       verify=run_and_compare(step, batches)).run(
+                           step.graph_def, PassContext.for_step(step))
+  after = bodies(result.graph)
+  changed = [name for name in before if name in after and
+             before[name] != after[name]]
+  assert changed and all("grad" in name for name in changed), (before, after)
+  assert all(sum(after[name].values()) < sum(before[name].values())
+             for name in changed)

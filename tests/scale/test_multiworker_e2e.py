@@ -7,6 +7,9 @@ the launcher (experiments/scale_train.py, no dropout, fixed seeds):
   final model bit for bit the unfaulted one, with no step lost or repeated;
 - a +100 ms host delay on worker 1 flagged as the straggler, never worker 0
   (and not as a compute straggler);
+- trained through tfopt.compile's hook (each worker's replica step
+  captured and fused, the all-reduce the strategy's) with a worker killed
+  mid-run: the plain Keras run's losses and final weights;
 - +30 ms of real compute inside worker 1's step (invisible to the host
   clock) named from the step's own timestamps in every exchange, never
   worker 0, with the weights of the healthy run.
@@ -136,3 +139,37 @@ def test_alive_but_stuck_worker_is_named(clean, tmp_path):
 def test_sigterm_preempts_and_resumes(clean, tmp_path):
   assert _faulted(clean, tmp_path, faults=["term:1:20"]) == [
       ("preempted", 1)]
+
+
+def test_hook_under_multiworker_strategy_trains_as_plain_keras(clean,
+                                                               tmp_path):
+  # Each worker's step is captured, fused and checked on its first batch,
+  # captured again after the restart; the gradients' all-reduce is the
+  # strategy's. Compared with the plain Keras run (no hook), fault and all.
+  rng = random.Random(os.environ.get("PYTEST_SEED", "8") + "hook")
+  worker, step = rng.randrange(2), rng.randrange(8, 45)
+  assert _faulted(clean, tmp_path, extra=["--hook"],
+                  faults=[f"kill:{worker}:{step}"]) == [("killed", worker)]
+  for i in range(2):
+    reports = _final(tmp_path, i)["hook"]
+    assert len(reports) == 1, reports
+    # The hook rewrote the step (Dense + bias + relu fused) and checked it.
+    assert "fuse" in reports[0] and "_FusedMatMul" in reports[0], reports
+    assert "in each of 2 replicas" in reports[0], reports
+
+
+def test_hook_with_xla_under_multiworker_strategy(clean, tmp_path):
+  # Plain Keras cannot: jit_compile=True compiles the all-reduce, and XLA
+  # has no CPU collectives (TF 2.21 aborts the worker). The hook marks
+  # only each replica's captured step; the all-reduce stays the strategy's.
+  flags = [f for f in FLAGS if not f.startswith("--epochs")]
+  result = launch([SCRIPT, *flags, "--epochs=1", "--hook", "--jit_compile"],
+                  workers=2, run_dir=tmp_path, **WATCH)
+  assert result.ok and len(result.attempts) == 1
+  for i in range(2):
+    (report,) = _final(tmp_path, i)["hook"]
+    assert "XLA:" in report and "checked on the first batch" in report, (
+        report)
+  reference = [r["mean"] for r in _steps(clean.run_dir)][:20]
+  np.testing.assert_allclose([r["mean"] for r in _steps(tmp_path)],
+                             reference, rtol=1e-4, atol=1e-5)
