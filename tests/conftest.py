@@ -7,6 +7,8 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 import tfopt  # noqa: E402,F401  (loads OR-Tools before TensorFlow)
 import pytest  # noqa: E402
 
+pytest_plugins = ["tests.strict_skips"]
+
 @pytest.fixture
 def costgraph_files():
   """The MSR costgraph files shipped as package data (tfopt/data)."""
