@@ -391,3 +391,62 @@ def test_fold_rewrites_inside_a_while_loops_bodies_and_keeps_its_math():
   assert changed and all("grad" in name for name in changed), (before, after)
   assert all(sum(after[name].values()) < sum(before[name].values())
              for name in changed)
+
+
+def test_fuse_rewrites_dense_layers_inside_cond_branches():
+  # keras.ops.cond with a Dense + ReLU in each branch: the branches are
+  # If's function bodies. Each branch's MatMul + BiasAdd + Relu becomes one
+  # _FusedMatMul there (none at the top level has a bias), the step
+  # computes what it computed, and training through tfopt.compile gives
+  # plain Keras' losses.
+  import keras  # pylint: disable=g-import-not-at-top
+  import tfopt  # pylint: disable=g-import-not-at-top
+
+  class Branches(keras.layers.Layer):
+
+    def __init__(self, **kwargs):
+      super().__init__(**kwargs)
+      self.a = keras.layers.Dense(8, activation="relu")
+      self.b = keras.layers.Dense(8, activation="relu")
+
+    def build(self, shape):
+      self.a.build(shape)
+      self.b.build(shape)
+
+    def call(self, x):
+      return keras.ops.cond(keras.ops.mean(x) > 0, lambda: self.a(x),
+                            lambda: self.b(x))
+
+  def build():
+    keras.utils.set_random_seed(0)
+    inputs = keras.Input((4,))
+    return keras.Model(inputs, keras.layers.Dense(1, use_bias=False)(
+        Branches()(inputs)))
+
+  rng = np.random.default_rng(0)
+  x = rng.normal(size=(32, 4)).astype(np.float32)
+  y = rng.normal(size=(32, 1)).astype(np.float32)
+  model = build()
+  model.compile(optimizer="adam", loss="mse")
+  step = capture_train_step(model, data=(x[:8], y[:8]))
+  batches = [[x[:8], y[:8]], [-x[8:16], y[8:16]]]  # both branches taken
+  result = PassManager("prune,identity,fold,fuse",
+                       verify=run_and_compare(step, batches)).run(
+                           step.graph_def, PassContext.for_step(step))
+  in_bodies = collections.Counter(
+      n.op for f in result.graph.library.function for n in f.node_def)
+  assert in_bodies["_FusedMatMul"] == 2 and in_bodies["BiasAdd"] == 0
+  assert op_counts(result.graph)["_FusedMatMul"] == 0
+  assert "2 _FusedMatMul in function bodies" in result.table()
+  assert result.reports[-1].verified
+  losses = []
+  for hooked in (False, True):
+    model = build()
+    kwargs = dict(optimizer="adam", loss="mse")
+    if hooked:
+      tfopt.compile(model, verbose=False, **kwargs)
+    else:
+      model.compile(**kwargs)
+    losses.append(model.fit(x, y, epochs=2, batch_size=8, shuffle=False,
+                            verbose=0).history["loss"])
+  np.testing.assert_allclose(losses[1], losses[0], rtol=1e-6)

@@ -5,8 +5,9 @@ Rewrites, when the intermediate results have no other use:
   Conv2D + BiasAdd [+ act]               -> _FusedConv2D
   Conv2D + FusedBatchNorm{,V2,V3} [+ act] -> _FusedConv2D (inference-mode
                                             batch norm only)
-with act one of Relu, Relu6, Elu, LeakyRelu: the activations TF's CPU
-kernels implement for both (checked on TF 2.21; Tanh, Sigmoid and GELU
+in the graph and inside its library's function bodies (While loops', If
+and Case branches: tfopt.passes.function_bodies), with act one of Relu,
+Relu6, Elu, LeakyRelu: the activations TF's CPU kernels implement for both (checked on TF 2.21; Tanh, Sigmoid and GELU
 fail in the CPU _FusedConv2D kernel). float32 only.
 
 The fused node takes the name of the last node it replaces, so consumers,
@@ -23,6 +24,7 @@ from __future__ import annotations
 from tensorflow.core.framework import attr_value_pb2, graph_pb2, types_pb2
 
 from tfopt.passes.base import PassContext, PassResult, register_pass
+from tfopt.passes.function_bodies import rewrite_bodies
 from tfopt.passes.graph_util import consumers, split_input
 
 ACTIVATIONS = ("Relu", "Relu6", "Elu", "LeakyRelu")
@@ -130,8 +132,46 @@ def _fused_node(members, kind, out_graph):
 
 @register_pass("fuse")
 def fuse(graph_def: graph_pb2.GraphDef, ctx: PassContext) -> PassResult:
-  """Fuses MatMul/Conv2D with their bias or batch norm and activation."""
-  keep = set(ctx.keep)
+  """Fuses MatMul/Conv2D with their bias or batch norm and activation, in
+  the graph and in its library's function bodies (a While loop's, an If's
+  or Case's branches)."""
+  fused = _fuse_nodes(graph_def, set(ctx.keep))
+  out, counts = graph_def, {}
+  if fused is not None:
+    out, groups = fused
+    for name, (members, _) in groups.items():
+      ctx.fused[name] = tuple(m.name for m in members)
+    counts = _counts(groups)
+  in_bodies: dict[str, int] = {}
+
+  def fuse_body(body, keep):
+    result = _fuse_nodes(body, keep)
+    if result is None:
+      return None
+    for op, n in _counts(result[1]).items():
+      in_bodies[op] = in_bodies.get(op, 0) + n
+    return result[0]
+
+  out, _ = rewrite_bodies(out, fuse_body)
+  if not counts and not in_bodies:
+    return PassResult(graph_def, False)
+  note = ", ".join([f"{n} {op}" for op, n in sorted(counts.items())] +
+                   [f"{n} {op} in function bodies"
+                    for op, n in sorted(in_bodies.items())])
+  return PassResult(out, True, note)
+
+
+def _counts(groups) -> dict[str, int]:
+  counts: dict[str, int] = {}
+  for members, _ in groups.values():
+    op = "_FusedMatMul" if members[0].op == "MatMul" else "_FusedConv2D"
+    counts[op] = counts.get(op, 0) + 1
+  return counts
+
+
+def _fuse_nodes(graph_def: graph_pb2.GraphDef, keep: set):
+  """(the graph with its nodes fused, {fused node: (members, kind)}), or
+  None when nothing fuses. The library is copied as it is."""
   uses = consumers(graph_def)
   groups, absorbed = {}, {}
   for node in graph_def.node:
@@ -145,7 +185,7 @@ def fuse(graph_def: graph_pb2.GraphDef, ctx: PassContext) -> PassResult:
     for m in members:
       absorbed[m.name] = members[-1].name
   if not groups:
-    return PassResult(graph_def, False)
+    return None
   out = graph_pb2.GraphDef()
   out.versions.CopyFrom(graph_def.versions)
   out.library.CopyFrom(graph_def.library)
@@ -153,7 +193,6 @@ def fuse(graph_def: graph_pb2.GraphDef, ctx: PassContext) -> PassResult:
     if node.name in groups:
       members, kind = groups[node.name]
       _fused_node(members, kind, out)
-      ctx.fused[node.name] = tuple(m.name for m in members)
     elif node.name not in absorbed:
       out.node.add().CopyFrom(node)
   # Readers of an absorbed node (shape ops, control edges) read the fused
@@ -171,9 +210,4 @@ def fuse(graph_def: graph_pb2.GraphDef, ctx: PassContext) -> PassResult:
       inputs.append(text)
     del node.input[:]
     node.input.extend(inputs)
-  counts = {}
-  for members, _ in groups.values():
-    op = "_FusedMatMul" if members[0].op == "MatMul" else "_FusedConv2D"
-    counts[op] = counts.get(op, 0) + 1
-  note = ", ".join(f"{n} {op}" for op, n in sorted(counts.items()))
-  return PassResult(out, True, note)
+  return out, groups
