@@ -10,7 +10,8 @@ error and exits 1 after step 1); oom (prints TensorFlow's OOM error and
 exits 1 at step 3); slow_epoch_end (after step 10 of the first attempt: a
 validation pass of 3 s, then a checkpoint of 3 s, beating those phases);
 hung_validation (after step 10 of the first attempt: "validation" that
-never ends). Every mode exits 75 on SIGTERM (a preemption).
+never ends); slow_first_step (every attempt's first step takes 3 s, as
+tracing and compiling a real step does). Every mode exits 75 on SIGTERM (a preemption).
 """
 
 import os
@@ -29,11 +30,13 @@ def main(mode: str, steps: int) -> int:
   beat = heartbeat.HeartbeatWriter(os.path.join(run_dir, "heartbeats"),
                                    worker, interval_s=0.1,
                                    attempt=attempt).start()
+  if mode == "slow_first_step":
+    beat.resumed_from = beat.step = 0  # as worker.fit: the resume point
   terminated = []
   signal.signal(signal.SIGTERM, lambda *_: terminated.append(1))
   for step in range(1, steps + 1):
     beat.begin_step()
-    time.sleep(0.02)
+    time.sleep(3.0 if mode == "slow_first_step" and step == 1 else 0.02)
     beat.end_step(step)
     protocol.raise_fault_if_asked(step)
     if terminated:

@@ -140,6 +140,22 @@ def test_slow_validation_and_checkpoint_are_not_taken_for_a_hang(tmp_path):
   assert "phase validation" in tight.attempts[0]["failure"]["detail"]
 
 
+def test_a_slow_first_step_is_not_taken_for_a_hang(tmp_path):
+  # The first step (tracing, compiling, tfopt.compile's capture) takes 3x
+  # the 1 s stuck threshold: judged by the first step's budget, not
+  # restarted; under a budget shorter than it, it is stuck.
+  result = launch([FAKE, "slow_first_step", "10"], workers=2,
+                  run_dir=tmp_path, **FAST)
+  assert result.ok and len(result.attempts) == 1, _failures(result)
+  with pytest.raises(LaunchError, match="stuck") as err:
+    launch([FAKE, "slow_first_step", "10"], workers=2,
+           run_dir=tmp_path / "tight", max_restarts=1,
+           phase_budget_s={"first_step": 1.0}, **FAST)
+  tight = err.value.result
+  assert [kind for kind, _ in _failures(tight)] == ["stuck", "stuck"]
+  assert "phase first_step" in tight.attempts[0]["failure"]["detail"]
+
+
 def test_a_validation_past_its_budget_is_stuck(tmp_path):
   result = launch([FAKE, "hung_validation", "20"], workers=2,
                   run_dir=tmp_path, phase_budget_s={"validation": 2.0},

@@ -13,10 +13,11 @@ tells three situations apart (`assess`):
   wedged entirely): no beat for `timeout_s`;
 - **stuck**: beats arrive, but no worker's step advanced for `stuck_s`
   (k x the median step time, with a floor) -- unless the workers are in a
-  phase of epoch-end work (validation, checkpoint, restore, the rest of
-  an epoch's end until the next step), which is
-  judged by that phase's own budget (`PHASE_BUDGET_S`) instead: a slow
-  validation pass or checkpoint is not a hang. In synchronous training one
+  phase of other work (a process's first step, which traces and compiles;
+  validation, checkpoint, restore, the rest of an epoch's end until the
+  next step), which is judged by that phase's own budget
+  (`PHASE_BUDGET_S`) instead: a slow compile, validation pass or
+  checkpoint is not a hang. In synchronous training one
   stuck worker stalls everyone, since the others wait inside the
   collective, so the report names the culprit: the worker longest in the
   host phase (outside the compiled step) or, when all wait inside a step,
@@ -42,8 +43,14 @@ FORMAT = "tfopt.scale.heartbeat/1"
 
 # Seconds a worker may spend in each phase of non-step work before it is
 # taken for stuck (the step-time rule does not apply while it is there).
+# "first_step" is a process's first training step: Keras traces it, XLA
+# compiles it, `tfopt.compile` captures, rewrites and checks it (seen: 12 s
+# for a 2-worker MultiWorkerMirrored step with the hook and XLA on 2 busy
+# cores, where the step-time rule's floor took it for a hang at 3 s and
+# restarted the job twice).
 PHASE_BUDGET_S = {"validation": 600.0, "checkpoint": 300.0,
-                  "restore": 300.0, "epoch_end": 300.0}
+                  "restore": 300.0, "epoch_end": 300.0,
+                  "first_step": 600.0}
 
 
 def path_for(directory: str, worker: int) -> str:
@@ -95,7 +102,10 @@ class HeartbeatWriter:
     self.write()
 
   def begin_step(self) -> None:
-    self.phase, self.phase_since = "step", time.time()
+    """In a step; until this process has ended one, in its first step
+    (`first_step`: tracing and compiling, judged by its own budget)."""
+    self.phase = "step" if self._last_end is not None else "first_step"
+    self.phase_since = time.time()
 
   def end_step(self, step: int) -> None:
     now = time.time()

@@ -600,10 +600,10 @@ def launch(command, workers: int, **kwargs) -> LaunchResult:
   max_restarts (3), backoff_s (1.0, doubled per attempt without progress,
   capped at backoff_max_s 30), heartbeat_s (0.5), heartbeat_timeout_s
   (5.0), stuck_factor (10 median step times) and min_stuck_s (10),
-  phase_budget_s ({phase: seconds} for epoch-end work the heartbeats name:
-  validation 600, checkpoint 300, restore 300, epoch_end 300, where the
-  step-time rule
-  does not apply), startup_timeout_s (300), collective_timeout_factor (20 median step times,
+  phase_budget_s ({phase: seconds} for work the heartbeats name, where
+  the step-time rule does not apply: first_step 600 (a process's first
+  step traces and compiles), validation 600, checkpoint 300, restore 300,
+  epoch_end 300), startup_timeout_s (300), collective_timeout_factor (20 median step times,
   at least min_collective_timeout_s 30) for later attempts, faults
   (Fault or 'kind:worker:step[:attempt]' strings), ports (fixed ports for
   the first attempt), env (extra environment variables)."""
