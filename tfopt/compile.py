@@ -97,6 +97,9 @@ class HookReport:
   cluster_source: str = ""  # the calibration used, or the default model
   selection: str = ""  # select="measured": the candidates' times
   replicas: int = 1  # a strategy's replicas (all workers'), each its step
+  # Placement only: the PlacementResult (the chosen plan, its simulated
+  # Schedule -- tfopt.simulate.draw_gantt draws it -- every candidate).
+  plan: Any = dataclasses.field(default=None, repr=False)
 
   def table(self) -> str:
     lines = [f"tfopt.compile: step for inputs {self.signature}",
@@ -355,6 +358,7 @@ class _OptimizedTrainFunction:
   def _report_plan(self, report, plan, graph, step, costs) -> None:
     from tfopt.compile_placement import placement_summary  # pylint: disable=g-import-not-at-top
     report.placer = plan.placer
+    report.plan = plan
     report.predicted_us = plan.makespan_us
     report.single_device_us = plan.single_device_us
     report.peak_bytes = tuple(plan.schedule.peak_bytes)
@@ -447,19 +451,18 @@ def _with_xla(step, inputs, graph, unmarked_run):
   """The graph marked for XLA per device when TensorFlow compiles it and the
   XLA step computes what the unmarked one does; else the graph unchanged.
   Returns (graph, a line for the report)."""
-  from tfopt.runtime.placed import compare_runs  # pylint: disable=g-import-not-at-top
-  from tfopt.runtime.xla import compile_step, mark_for_xla  # pylint: disable=g-import-not-at-top
+  from tfopt.runtime.xla import check_xla_step, compile_step, mark_for_xla  # pylint: disable=g-import-not-at-top
   xla = compile_step(step, [inputs], graph_def=graph)
   if not xla.compiled:
     return graph, f"{xla.summary()}; the step runs without XLA"
   try:
     # XLA reorders and fuses float math: not bit-exact, but close.
-    compare_runs(unmarked_run, xla.run, rtol=1e-4, atol=1e-5,
-                 what="XLA-compiled step")
+    how = check_xla_step(step, [inputs], graph, unmarked_run, xla.run,
+                         rtol=1e-4, atol=1e-5)
   except ValueError as err:
     return graph, f"XLA not used: {err}"
   return mark_for_xla(graph), (f"{xla.summary()}; checked on the first "
-                               f"batch (rtol 1e-4)")
+                               f"batch (rtol 1e-4{'; ' + how if how else ''})")
 
 
 # Profiles per model and input signature: profiling runs once.

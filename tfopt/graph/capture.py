@@ -16,6 +16,7 @@ ops that read and update it.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import re
 from typing import Any, Callable, Mapping, Sequence
@@ -50,6 +51,10 @@ class CapturedStep:
     batch_size: the batch size the step was traced at, if known.
     output_structure: the function's structured outputs (e.g. the logs dict
       of a train step), to pack the flat outputs back; None if unknown.
+    gradients: (gradient tensor name, VarHandleOp name) for each gradient
+      a train step handed its optimizer (`capture_train_step`; the values
+      of an embedding's IndexedSlices): what XLA's float reordering is
+      checked on (`tfopt.runtime.xla.check_xla_step`). Empty where unknown.
   """
   graph: OpGraph
   graph_def: graph_pb2.GraphDef
@@ -60,6 +65,7 @@ class CapturedStep:
   variables: Mapping[str, tf.Variable]
   batch_size: int | None = None
   output_structure: Any = None
+  gradients: tuple[tuple[str, str], ...] = ()
 
   def sample_inputs(self, seed: int = 0) -> list[np.ndarray]:
     """Random inputs matching `input_specs`: normal floats, zero integers."""
@@ -414,10 +420,57 @@ def capture_train_step(model, *, batch_size: int | None = None, x=None, y=None,
   keras_names = {id(v.value.handle): v.path for v in _all_keras_variables(model)
                  if hasattr(v, "value") and hasattr(v.value, "handle")}
   step = tf.function(model.train_step, autograph=False)
-  concrete = step.get_concrete_function(data_spec)
-  return capture_function(
+  handed = []
+  with _recording_gradients(model.optimizer, handed):
+    concrete = step.get_concrete_function(data_spec)
+  captured = capture_function(
       concrete, name=name or model.name, batch_size=batch_size,
       variable_names=lambda v: keras_names.get(id(v.handle), v.name))
+  return dataclasses.replace(
+      captured, gradients=_gradient_names(handed, captured))
+
+
+@contextlib.contextmanager
+def _recording_gradients(optimizer, out: list):
+  """Records the (gradients, variables) the traced step hands to
+  `optimizer.apply` (what `apply_gradients` calls), without changing them."""
+  original = optimizer.apply
+  own = "apply" in vars(optimizer)
+
+  def apply(grads, trainable_variables=None):
+    grads = list(grads)
+    variables = (list(trainable_variables) if trainable_variables is not None
+                 else list(optimizer._trainable_variables))  # pylint: disable=protected-access
+    out.append((grads, variables))
+    return original(grads, trainable_variables)
+
+  object.__setattr__(optimizer, "apply", apply)
+  try:
+    yield
+  finally:
+    if own:
+      object.__setattr__(optimizer, "apply", original)
+    else:
+      object.__delattr__(optimizer, "apply")
+
+
+def _gradient_names(handed: list, step: CapturedStep
+                    ) -> tuple[tuple[str, str], ...]:
+  """(gradient tensor, VarHandleOp) names of the recorded gradients that
+  are in the captured graph."""
+  op_of = {id(var.handle): name for name, var in step.variables.items()}
+  nodes = {n.name for n in step.graph_def.node}
+  out = []
+  for grads, variables in handed:
+    for grad, var in zip(grads, variables):
+      if grad is None:
+        continue
+      grad = getattr(grad, "values", grad)  # IndexedSlices
+      handle = getattr(getattr(var, "value", var), "handle", None)
+      name = op_of.get(id(handle))
+      if name is not None and grad.name.partition(":")[0] in nodes:
+        out.append((grad.name, name))
+  return tuple(out)
 
 
 def _check_trainable(model) -> None:

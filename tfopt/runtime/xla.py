@@ -112,3 +112,101 @@ def compile_step(step, inputs: Sequence[Sequence[np.ndarray]], *,
   return XlaReport(bool(clusters), len(clusters), compiled_ops, dict(left),
                    error="" if clusters else "XLA formed no cluster",
                    run=run)
+
+
+# A gradient element within this share of its tensor's largest magnitude
+# is float noise for XLA's reordering (sums that cancel to about zero).
+GRADIENT_NOISE = 1e-4
+
+
+def check_xla_step(step, inputs: Sequence[Sequence[np.ndarray]], graph_def,
+                   unmarked: StepRun, marked: StepRun, *, rtol: float = 1e-4,
+                   atol: float = 1e-5) -> str:
+  """Checks that the XLA-marked `graph_def` computes what the unmarked one
+  does; returns how ("" when outputs and variables agree within the
+  tolerance), or raises ValueError naming the first difference.
+
+  XLA reorders float math, so results agree to a tolerance, not bit for
+  bit. Variable updates alone can amplify that: an optimizer that
+  normalizes its step (Adam's first step moves every weight by +-lr
+  whatever the gradient's size) turns the noise in a gradient that sums
+  to about zero into an lr-sized difference of sign (seen: a MobileNet's
+  1x1 convolution kernels, 0.002 apart at lr 1e-3). Where only variables
+  differ and the step's gradients are known (`CapturedStep.gradients`),
+  both steps are run again fetching them: the outputs and every gradient
+  must agree (gradients to `GRADIENT_NOISE` of their largest magnitude),
+  and a variable may differ only where its gradient is within that noise.
+  """
+  from tfopt.runtime.placed import compare_runs  # pylint: disable=g-import-not-at-top
+  try:
+    compare_runs(unmarked, marked, rtol=rtol, atol=atol,
+                 what="XLA-compiled step")
+    return ""
+  except ValueError as err:
+    first = err
+  nodes = {n.name for n in graph_def.node}
+  names = [g for g, _ in step.gradients if g.partition(":")[0] in nodes]
+  outputs_differ = any(
+      not np.allclose(a, b, rtol=rtol, atol=atol)
+      for x, y in zip(unmarked.outputs, marked.outputs) for a, b in zip(x, y))
+  if outputs_differ or len(inputs) != 1 or not names:
+    raise first
+  probe = dataclasses.replace(
+      step, output_names=tuple(step.output_names) + tuple(names))
+  values = {name: var.numpy() for name, var in step.variables.items()}
+  ref = run_steps(probe, inputs, graph_def=graph_def, initial_values=values)
+  got = run_steps(probe, inputs, graph_def=mark_for_xla(graph_def),
+                  initial_values=values)
+  count = len(step.output_names)
+  moved = judge_by_gradients(
+      ref.variables, got.variables,
+      dict(zip(names, ref.outputs[0][count:])),
+      dict(zip(names, got.outputs[0][count:])), step.gradients,
+      rtol=rtol, atol=atol)
+  return (f"gradients compared; {moved} weight update(s) differ only where "
+          f"their gradient is float noise (|g| <= {GRADIENT_NOISE:g} x the "
+          f"tensor's largest)")
+
+
+def judge_by_gradients(ref_variables: dict, got_variables: dict,
+                       ref_gradients: dict, got_gradients: dict,
+                       pairs, *, rtol: float, atol: float) -> int:
+  """The rule of `check_xla_step` on one step's numbers: every gradient
+  agrees (to `GRADIENT_NOISE` of its tensor's largest magnitude), and a
+  variable differs only where its gradient (`pairs`: (gradient, variable)
+  names) is within that noise. Returns how many elements differ so;
+  raises ValueError naming the first gradient or variable that breaks
+  the rule."""
+  noise = {}
+  for name, r in ref_gradients.items():
+    r, g = np.asarray(r), np.asarray(got_gradients[name])
+    bound = max(atol, GRADIENT_NOISE * float(np.max(np.abs(r), initial=0)))
+    if r.shape != g.shape:
+      raise ValueError(f"The XLA-compiled step's gradient {name!r} has "
+                       f"shape {g.shape}; expected {r.shape}.")
+    if not np.allclose(g, r, rtol=rtol, atol=bound):
+      raise ValueError(f"The XLA-compiled step computes gradient {name!r} "
+                       f"differently: max |diff| "
+                       f"{np.max(np.abs(g - r)):.3g}.")
+    noise[name] = np.abs(r) <= bound
+  noise_of = {var: noise[grad] for grad, var in pairs if grad in noise}
+  moved = 0
+  for name, x in ref_variables.items():
+    y = got_variables.get(name)
+    if y is None:
+      raise ValueError(f"The XLA-compiled step lost variable {name!r}.")
+    x, y = np.asarray(x), np.asarray(y)
+    off = ~np.isclose(x, y, rtol=rtol, atol=atol)
+    if not off.any():
+      continue
+    allowed = noise_of.get(name)
+    if allowed is None or allowed.shape != off.shape:
+      raise ValueError(f"The XLA-compiled step updates variable {name!r} "
+                       f"differently: max |diff| "
+                       f"{np.max(np.abs(x - y)):.3g}.")
+    if (off & ~allowed).any():
+      raise ValueError(f"The XLA-compiled step updates variable {name!r} "
+                       f"differently where its gradient is not noise: max "
+                       f"|diff| {np.max(np.abs(x - y)[~allowed]):.3g}.")
+    moved += int(off.sum())
+  return moved
