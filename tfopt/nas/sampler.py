@@ -1,4 +1,6 @@
-"""Single-path uniform sampling while a `SuperNet` trains (a Keras callback).
+"""Single-path uniform sampling while a super-network trains (a Keras
+callback): a `SuperNet`, or any model with `space` and `set_arch` (the
+weight-entangled `tfopt.nas.moe_lm.MoELMSuperNet`).
 
 Before each training step `PathSampler` draws one op per choice layer,
 uniformly among the allowed ops (or, with steering `Constraints`, an
@@ -41,7 +43,8 @@ class PathSampler(keras.callbacks.Callback):
       "tfopt" logger) says which file, where and what is wrong.
     seed: seed of the sampler's NumPy generator.
     freeze_untaken: restore untaken ops' variables after every step
-      (default: yes, unless the model samples in-graph).
+      (default: yes, unless the model samples in-graph or its sub-networks
+      share weights, as `tfopt.nas.moe_lm.MoELMSuperNet`'s do).
     schedule: "uniform" (each step draws every layer's op independently) or
       "fair" (FairNAS-style strict fairness without gradient accumulation:
       each layer walks through random permutations of its allowed ops, so
@@ -78,15 +81,22 @@ class PathSampler(keras.callbacks.Callback):
     self._saved: list = []
 
   def _check_model(self):
-    from tfopt.nas.supernet import SuperNet  # pylint: disable=import-outside-toplevel
-    if not isinstance(self.model, SuperNet):
-      raise invalid_argument("model", "a tfopt.nas.SuperNet (PathSampler "
+    if not all(hasattr(self.model, a) for a in ("space", "set_arch")):
+      raise invalid_argument("model", "a super-network with `space` and "
+                             "`set_arch` (tfopt.nas.SuperNet, "
+                             "tfopt.nas.moe_lm.MoELMSuperNet: PathSampler "
                              "samples its active path)",
                              type(self.model).__name__)
+    if self.freeze_untaken and not hasattr(self.model, "choices"):
+      raise invalid_argument(
+          "freeze_untaken", "False or None for a super-network whose "
+          "sub-networks share weights (no untaken op has weights of its "
+          "own)", self.freeze_untaken)
 
   def on_train_begin(self, logs=None):
     self._check_model()
-    if self.model.in_graph_sampling and self.freeze_untaken:
+    if getattr(self.model, "in_graph_sampling", False) and \
+        self.freeze_untaken:
       raise invalid_argument(
           "freeze_untaken", "False or None with in-graph sampling (the path "
           "is drawn inside the step; Python cannot restore what it does not "
@@ -117,7 +127,7 @@ class PathSampler(keras.callbacks.Callback):
     """The architecture sampler for the current constraints (validated
     here, so bad input fails before the first step)."""
     space = self.model.space
-    if self.model.in_graph_sampling:
+    if getattr(self.model, "in_graph_sampling", False):
       constraints = self.constraints
       if constraints is None and self.allowed:
         from tfopt.nas.steering import Constraints  # pylint: disable=import-outside-toplevel
@@ -168,7 +178,7 @@ class PathSampler(keras.callbacks.Callback):
     self.model.set_arch(arch)
     self.counts[arch] += 1
     self._saved = []
-    if self.freeze_untaken is not False:
+    if self.freeze_untaken is not False and hasattr(self.model, "choices"):
       for op, candidates, layer in zip(arch, self.model.choices, space.layers):
         taken = layer.op_names.index(op)
         for j, block in enumerate(candidates):

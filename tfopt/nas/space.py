@@ -13,7 +13,9 @@ pooling).
 
 Op specs are dicts: {"type": "conv", "kernel": k} (k x k convolution, batch
 norm, ReLU; the stage's width), {"type": "maxpool" | "avgpool", "pool": p,
-"stride": s}, {"type": "skip"} (identity), {"type": "dense", "units": n}.
+"stride": s}, {"type": "skip"} (identity), {"type": "dense", "units": n},
+or {"type": "value", "value": n} (a hyperparameter's value: the spaces of
+`tfopt.nas.moe_lm`, whose `head["kind"]` says how to count parameters).
 """
 
 from __future__ import annotations
@@ -30,7 +32,7 @@ import numpy as np
 from tfopt._errors import check_positive_int, invalid_argument
 
 FORMAT = "tfopt.nas.space/1"
-OP_TYPES = ("conv", "maxpool", "avgpool", "skip", "dense")
+OP_TYPES = ("conv", "maxpool", "avgpool", "skip", "dense", "value")
 Arch = tuple  # of op names, one per choice layer
 
 
@@ -49,6 +51,8 @@ def _check_op(name: str, spec: Mapping) -> dict:
     check_positive_int(f"{where}.pool", spec["pool"])
   elif kind == "dense":
     check_positive_int(f"{where}.units", spec.get("units"))
+  elif kind == "value":
+    check_positive_int(f"{where}.value", spec.get("value"))
   if "stride" in spec:
     check_positive_int(f"{where}.stride", spec["stride"])
   return spec
@@ -196,6 +200,9 @@ class SearchSpace:
     statistics alike, as `keras.Model.count_params` counts them): stem,
     chosen ops (with their 1x1 projections where the width changes), head."""
     arch = self.check_arch(arch)
+    if self.head.get("kind") == "qwen3_moe_lm":
+      from tfopt.nas import moe_lm  # pylint: disable=g-import-not-at-top
+      return moe_lm.param_count(self, arch)
     stem = self.stem
     width = stem.get("filters", self.layers[0].filters or 16)
     channels = self.input_shape[-1]
