@@ -602,6 +602,8 @@ def compile(model, *, fusion: bool = True,  # pylint: disable=redefined-builtin
       model.compile(jit_compile=jit, **compile_kwargs)
   else:
     model.compile(jit_compile=jit, **compile_kwargs)
+  if spec is not None:
+    _renew_after_connect(model)
   if fusion or placement:
     hook = _OptimizedTrainFunction(
         model, fusion=fusion, placement=placement, devices=devices,
@@ -713,6 +715,20 @@ def _refuse_without_placement(*, devices, pins, cluster, calibration,
   if given:
     raise invalid_argument(given[0][0], "given only with `placement`",
                            given[0][1])
+
+
+def _renew_after_connect(model) -> None:
+  """The model's variables (and its optimizer's, metrics' and Keras' global
+  seed state) made again after this process connected to a cluster: one
+  made before would silently ignore `load_weights` or a checkpoint's
+  restore from now on (`tfopt.runtime.variables.renew_variables`)."""
+  from tfopt.runtime.variables import keras_variables, renew_variables  # pylint: disable=g-import-not-at-top
+  from tfopt.scale.checkpoint import keras_seed_state  # pylint: disable=g-import-not-at-top
+  variables = keras_variables(model)
+  seed = keras_seed_state()
+  if seed is not None and all(seed is not v for v in variables):
+    variables.append(seed)
+  renew_variables(variables, optimizer=model.optimizer)
 
 
 def _connect_cluster(devices, cluster):

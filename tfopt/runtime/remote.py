@@ -65,6 +65,11 @@ def parse_cluster(cluster: Any) -> dict[str, list[str]]:
 def connect(cluster: Any, timeout_s: float = 30.0) -> dict[str, list[str]]:
   """Connects this process's eager runtime to the cluster (once per spec).
 
+  A tf.Variable created before this call ignores eager assigns after it,
+  silently (TensorFlow 2.21): `tfopt.compile` renews its model's variables
+  (`tfopt.runtime.variables.renew_variables`); variables of other models
+  made before need the same, or to be made after connecting.
+
   Raises ValueError naming the cluster when a task does not answer within
   `timeout_s`."""
   global _CONNECTED

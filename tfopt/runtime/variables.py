@@ -91,11 +91,12 @@ class MoveReport:
 
 
 def move_variables(assignment: Sequence[tuple[object, str]], *,
-                   optimizer=None) -> MoveReport:
+                   optimizer=None, renew: bool = False) -> MoveReport:
   """Moves each Keras variable of `assignment` ((variable, device string)
   pairs) onto its device.
 
-  Variables already on their device are left alone. Every variable is
+  Variables already on their device are left alone (with `renew`, they
+  get a fresh copy there too: see `renew_variables`). Every variable is
   checked first (nothing moves if one cannot); a failure while moving
   (say, a device out of memory) moves the ones already moved back and
   re-raises. `optimizer`: the model's optimizer, whose slot keys must
@@ -115,7 +116,7 @@ def move_variables(assignment: Sequence[tuple[object, str]], *,
   try:
     for var, device in items:
       old = var._value  # pylint: disable=protected-access
-      if same_device(device, old.device):
+      if same_device(device, old.device) and not renew:
         continue
       key = _key(optimizer, var)
       var._value = _moved_copy(old, device)  # pylint: disable=protected-access
@@ -138,6 +139,22 @@ def move_variables(assignment: Sequence[tuple[object, str]], *,
     per_device[value.device] = per_device.get(value.device, 0) + (
         value.shape.num_elements() * value.dtype.size)
   return MoveReport(moved, per_device)
+
+
+def renew_variables(variables: Sequence, *, optimizer=None) -> int:
+  """Gives each Keras variable a fresh tf.Variable on the device it is on,
+  with its value and optimizer key; returns how many.
+
+  Why: once this process connects to a cluster
+  (`tf.config.experimental_connect_to_cluster`, what `tfopt.compile` does
+  for devices of server tasks), a tf.Variable created before ignores every
+  eager assign -- `load_weights`, `set_weights`, a checkpoint's restore --
+  without an error, while reads still return its old value (TensorFlow
+  2.21, tested in tests/runtime/test_remote_variables.py). A copy made
+  after connecting takes assigns again.
+  """
+  items = [(var, var._value.device) for var in variables]  # pylint: disable=protected-access
+  return move_variables(items, optimizer=optimizer, renew=True).moved
 
 
 def devices_of(variables: Sequence) -> dict[str, str]:

@@ -112,7 +112,7 @@ class TwoStageCheckpointer:
     # TensorFlow copies on write when an update finds the buffer shared, so
     # the snapshot stays as it was while training goes on (tested).
     arrays = {path: v.numpy() for path, v in _variables(self.model)}
-    seed_state = _keras_seed_state()
+    seed_state = keras_seed_state()
     if seed_state is not None:
       arrays["rng/keras_global"] = np.array(seed_state.numpy(), copy=True)
     meta = {"format": FORMAT, "step": int(step), "epoch": int(epoch),
@@ -253,12 +253,12 @@ class TwoStageCheckpointer:
             f"{tuple(variable.shape)})", path)
     for key, variable in variables.items():
       variable.assign(arrays[key])
-    seed_state = _keras_seed_state()
+    seed_state = keras_seed_state()
     if seed_state is not None and "rng/keras_global" in arrays:
       seed_state.assign(arrays["rng/keras_global"])
 
 
-def _keras_seed_state():
+def keras_seed_state():
   """The state variable of Keras' global seed generator (what unseeded
   `keras.random` calls and dropout draw from), or None where this Keras
   does not have it (a private path: keras.src.random.seed_generator)."""
