@@ -11,7 +11,10 @@ exits 1 at step 3); slow_epoch_end (after step 10 of the first attempt: a
 validation pass of 3 s, then a checkpoint of 3 s, beating those phases);
 hung_validation (after step 10 of the first attempt: "validation" that
 never ends); slow_first_step (every attempt's first step takes 3 s, as
-tracing and compiling a real step does). Every mode exits 75 on SIGTERM (a preemption).
+tracing and compiling a real step does); task_lost (after step 5 of the
+first attempt: says a server task died and exits TASK_LOST_EXIT, as
+`worker.fit(servers=...)` does). Every mode exits 75 on SIGTERM (a
+preemption).
 """
 
 import os
@@ -50,6 +53,11 @@ def main(mode: str, steps: int) -> int:
       beat.write()
       time.sleep(0.5)
       return 3
+    if mode == "task_lost" and step == 5 and attempt == 0:
+      beat.write()
+      print("tfopt: server task worker:2 killed by signal 9 during "
+            "training; its variables are gone", file=sys.stderr, flush=True)
+      return protocol.TASK_LOST_EXIT
     if mode == "oom" and step == 3:
       print("tensorflow.python.framework.errors_impl.ResourceExhaustedError:"
             " OOM when allocating tensor with shape[65536,65536]")

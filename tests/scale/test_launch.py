@@ -11,6 +11,10 @@ import pytest
 from tfopt.scale.launch import (Fault, LaunchError, LaunchResult, free_ports,
                                 launch, main, summary)
 
+# Detection within 0.5 s, heartbeat timeouts of 1 s: the serial pass, where
+# no other test competes for the cores.
+pytestmark = pytest.mark.serial
+
 FAKE = os.path.join(os.path.dirname(os.path.abspath(__file__)),
                     "fake_worker.py")
 FAST = dict(backoff_s=0.05, heartbeat_s=0.1, heartbeat_timeout_s=1.0,
@@ -192,6 +196,16 @@ def test_restart_budget_and_classification(tmp_path):
   with pytest.raises(LaunchError, match="oom on worker") as err:
     launch([FAKE, "oom"], workers=1, run_dir=tmp_path / "o",
            max_restarts=0, **FAST)
+
+
+def test_a_lost_server_task_is_named_and_restarted(tmp_path):
+  result = launch([FAKE, "task_lost", "12"], workers=1, run_dir=tmp_path,
+                  **FAST)
+  assert result.ok
+  assert _failures(result) == [("task lost", 0)]
+  failure = result.attempts[0]["failure"]
+  assert "server task worker:2 killed by signal 9" in failure["detail"]
+  assert result.attempts[1]["last_step"] == 12
 
 
 def test_sigterm_is_a_preemption_that_restarts(tmp_path):

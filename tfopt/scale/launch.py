@@ -15,7 +15,8 @@ their own process groups with their output in
   report naming the worker outside the collective).
 On any failure it stops every worker at once (SIGCONT, then SIGKILL to the
 process group), classifies the failure (killed, stopped, heartbeat lost,
-stuck, OOM, port in use, crashed, preempted) from exit codes, process
+stuck, OOM, port in use, a server task of a placed step lost, crashed,
+preempted) from exit codes, process
 state and the log tails, and relaunches after an exponential backoff; the
 workers resume from the newest checkpoint. A restart budget bounds the
 loop; a script that fails before any step without a signal (an import
@@ -260,9 +261,10 @@ class _Attempt:
           landed = json.load(f)
       else:
         beat = self.watch.beats.get(fault.worker)
-        if not (beat and beat["step"] > fault.step and
-                self.procs[fault.worker].poll() is None):
-          continue
+        if FAULTS[fault.kind] is None or not (
+            beat and beat["step"] > fault.step and
+            self.procs[fault.worker].poll() is None):
+          continue  # only the worker can kill its server tasks
         os.kill(self.procs[fault.worker].pid, FAULTS[fault.kind])
         landed = {"kind": fault.kind, "worker": fault.worker,
                   "at_step": beat["step"], "time": time.time(),
@@ -371,6 +373,10 @@ class _Attempt:
       kind = "oom" if _OOM.search(log) and code == -signal.SIGKILL else \
           "killed"
       return self._failure(kind, w, now, f"exited by {sig}")
+    if code == wk.TASK_LOST_EXIT:
+      lost = [line for line in log.splitlines() if "server task" in line]
+      return self._failure("task lost", w, now,
+                           lost[-1].strip() if lost else f"exit code {code}")
     if _PORT.search(log):
       kind = "port in use"
     elif _OOM.search(log):

@@ -8,6 +8,10 @@ import signal
 import time
 
 PREEMPTED_EXIT = 75  # EX_TEMPFAIL, "try again": the launcher restarts
+# A worker whose TensorFlow server tasks (a placed step's devices) lost
+# one exits with this: its state there is gone; the launcher restarts it
+# from the last checkpoint (`tfopt.scale.worker.fit(servers=...)`).
+TASK_LOST_EXIT = 76
 CONTROL = "control.json"  # {"attempt", "stop_at_step", "reason"}
 
 ENV_RUN_DIR = "TFOPT_RUN_DIR"
@@ -20,8 +24,10 @@ ENV_HEARTBEAT = "TFOPT_HEARTBEAT_S"
 # after that step (the launcher's --inject, delivered at the exact step).
 ENV_FAULT = "TFOPT_FAULT"
 
+# Signals a worker raises on itself; "kill_task" kills the last of the
+# worker's server tasks instead (a worker started with servers).
 FAULTS = {"kill": signal.SIGKILL, "stop": signal.SIGSTOP,
-          "term": signal.SIGTERM}
+          "term": signal.SIGTERM, "kill_task": None}
 
 
 def fault_report_path(run_dir: str, attempt: int, worker: int,
@@ -31,10 +37,12 @@ def fault_report_path(run_dir: str, attempt: int, worker: int,
                       f"attempt-{attempt}-worker-{worker}-step-{step}.json")
 
 
-def raise_fault_if_asked(step: int, environ=None) -> None:
+def raise_fault_if_asked(step: int, environ=None, kill_task=None) -> None:
   """Called by a worker after each step: if the launcher asked for a fault
   at `step` (ENV_FAULT), records where it landed and signals this process
-  (kill and stop take effect at once; term starts a preemption)."""
+  (kill and stop take effect at once; term starts a preemption), or for
+  "kill_task" calls `kill_task()`, which kills one of the worker's server
+  tasks and returns which (a worker without servers ignores it)."""
   env = os.environ if environ is None else environ
   text = env.get(ENV_FAULT)
   if not text:
@@ -43,12 +51,18 @@ def raise_fault_if_asked(step: int, environ=None) -> None:
     kind, at = item.split(":")
     if int(at) != step:
       continue
+    if kind == "kill_task" and kill_task is None:
+      continue
     run_dir = env[ENV_RUN_DIR]
     path = fault_report_path(run_dir, int(env[ENV_ATTEMPT]),
                              int(env[ENV_WORKER]), step)
     os.makedirs(os.path.dirname(path), exist_ok=True)
+    report = {"kind": kind, "worker": int(env[ENV_WORKER]),
+              "at_step": step, "time": time.time(), "by": "worker"}
+    if kind == "kill_task":
+      report["target"] = kill_task()
     with open(path + ".tmp", "w", encoding="utf-8") as f:
-      json.dump({"kind": kind, "worker": int(env[ENV_WORKER]),
-                 "at_step": step, "time": time.time(), "by": "worker"}, f)
+      json.dump(report, f)
     os.replace(path + ".tmp", path)  # the launcher reads it whole or not
-    os.kill(os.getpid(), FAULTS[kind])
+    if FAULTS[kind] is not None:
+      os.kill(os.getpid(), FAULTS[kind])

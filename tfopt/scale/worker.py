@@ -23,7 +23,14 @@ everything the launcher relies on:
   which the launcher restarts from;
 - a per-step record (attempt, global step, batch loss) in
   `<run_dir>/steps/worker-<i>.jsonl` that the launcher stitches into the
-  trajectory to count lost or repeated steps.
+  trajectory to count lost or repeated steps;
+- with `servers` (the `LoopbackServers` a placed step runs on, see
+  `tfopt.compile(placement=...)`): a thread that watches the server
+  tasks; when one dies (killed, or by its memory cap), the worker names it,
+  closes the others and exits with `TASK_LOST_EXIT`, which the launcher
+  restarts from the last checkpoint (the variables on that task are gone,
+  so the step cannot go on). The launcher's `kill_task` fault kills the
+  last task after a given step.
 """
 
 from __future__ import annotations
@@ -34,6 +41,9 @@ import json
 import os
 import signal
 import sys
+import threading
+import time
+
 import keras
 
 from tfopt._errors import check_positive_int, invalid_argument
@@ -41,7 +51,7 @@ from tfopt.scale import heartbeat as hb
 from tfopt.scale.checkpoint import TwoStageCheckpointer
 from tfopt.scale.protocol import (CONTROL, ENV_ATTEMPT, ENV_HEARTBEAT,
                                   ENV_RUN_DIR, ENV_TIMEOUT, ENV_WORKER,
-                                  ENV_WORKERS, PREEMPTED_EXIT,
+                                  ENV_WORKERS, PREEMPTED_EXIT, TASK_LOST_EXIT,
                                   raise_fault_if_asked)
 
 
@@ -158,8 +168,10 @@ class _Progress(keras.callbacks.Callback):
 
   async_safe = False
 
-  def __init__(self, env, beat, checkpointer, preemption, every, steps_log):
+  def __init__(self, env, beat, checkpointer, preemption, every, steps_log,
+               kill_task=None):
     super().__init__()
+    self.kill_task = kill_task
     self.env = env
     self.beat = beat
     self.checkpointer = checkpointer
@@ -229,7 +241,7 @@ class _Progress(keras.callbacks.Callback):
       self.model.stop_training = True
     # Last: a fault the launcher asked for at this step (--inject) lands
     # here, after the step and its checkpoint, as a crash would.
-    raise_fault_if_asked(self.global_step)
+    raise_fault_if_asked(self.global_step, kill_task=self.kill_task)
 
 
 class _StepBegin(keras.callbacks.Callback):
@@ -255,6 +267,70 @@ class _StepBegin(keras.callbacks.Callback):
     self.beat.set_phase("epoch_end")  # validation runs at the epoch's end
 
 
+class _TaskWatch:
+  """Watches a worker's server tasks (`fit(servers=...)`). A task that is
+  gone ends the worker with TASK_LOST_EXIT, named on stderr (the
+  launcher's log tail), the other tasks closed (their processes and
+  memory cgroups). Usually the step fails first (its RPC to the task is
+  reset): `fit` asks `lost` and exits once its step log is flushed. A step
+  that waits on the dead task instead is ended by the watching thread,
+  `grace_s` after it saw the task go."""
+
+  def __init__(self, servers, interval_s: float = 0.2, grace_s: float = 5.0):
+    self.servers = servers
+    self.interval_s = interval_s
+    self.grace_s = grace_s
+    self._stop = threading.Event()
+    self._thread = None
+
+  def start(self) -> None:
+    self._thread = threading.Thread(target=self._run, daemon=True,
+                                    name="tfopt-task-watch")
+    self._thread.start()
+
+  def stop(self) -> None:
+    self._stop.set()
+
+  def kill_last(self) -> str:
+    """Kills the last server task (the `kill_task` fault); returns which."""
+    task = len(self.servers.pids) - 1
+    pid = self.servers.pids[task]
+    os.kill(pid, signal.SIGKILL)
+    return f"server task {task} (pid {pid})"
+
+  def lost(self, wait_s: float = 0.0) -> str | None:
+    """Which task is gone and how, waiting up to `wait_s` for one to be
+    (a reset connection can arrive before the process is reaped)."""
+    deadline = time.monotonic() + wait_s
+    while True:
+      gone = self.servers.exited()
+      if gone:
+        name, code = sorted(gone.items())[0]
+        return (f"server task {name} " +
+                (f"killed by signal {-code}" if code < 0 else
+                 f"exited with {code}"))
+      if time.monotonic() >= deadline:
+        return None
+      time.sleep(self.interval_s)
+
+  def exit_lost(self, what: str) -> None:
+    print(f"tfopt: {what} during training; its variables are gone: the "
+          f"worker exits with {TASK_LOST_EXIT} to be restarted from the "
+          f"last checkpoint", file=sys.stderr, flush=True)
+    try:
+      self.servers.close()
+    finally:
+      os._exit(TASK_LOST_EXIT)  # pylint: disable=protected-access
+
+  def _run(self) -> None:
+    while not self._stop.wait(self.interval_s):
+      what = self.lost()
+      if what is not None:
+        if not self._stop.wait(self.grace_s):
+          self.exit_lost(what)
+        return
+
+
 @dataclasses.dataclass
 class FitResult:
   """What `fit` did: steps trained now, where it started, whether it was
@@ -270,7 +346,7 @@ def fit(model, dataset_fn, *, epochs: int, steps_per_epoch: int,
         checkpoint_dir: str | None = None, checkpoint_every: int = 50,
         callbacks=(), env: WorkerEnv | None = None, verbose: int = 0,
         exit_on_preemption: bool = True, validation_data=None,
-        validation_steps: int | None = None) -> FitResult:
+        validation_steps: int | None = None, servers=None) -> FitResult:
   """Resumable `model.fit` for launched jobs (see the module doc).
 
   Args:
@@ -288,6 +364,9 @@ def fit(model, dataset_fn, *, epochs: int, steps_per_epoch: int,
     validation_data, validation_steps: evaluated at each epoch's end, as
       Keras' fit does; the heartbeat says "validation" meanwhile, which the
       launcher gives its own budget (`phase_budget_s`).
+    servers: the `tfopt.runtime.LoopbackServers` the model's placed step
+      runs on: watched while training (a task that dies ends this worker
+      with `TASK_LOST_EXIT`), and the target of `kill_task` faults.
   """
   _check_fit_arguments(model, dataset_fn, epochs, steps_per_epoch,
                        checkpoint_every, validation_steps)
@@ -301,19 +380,23 @@ def fit(model, dataset_fn, *, epochs: int, steps_per_epoch: int,
   start_epoch, skip, start_step = _restore(model, checkpointer, beat,
                                            steps_per_epoch)
   preemption = _Preemption(env, resumed_from=start_step)
+  watch = _TaskWatch(servers) if servers is not None else None
   progress = _Progress(env, beat, checkpointer, preemption, checkpoint_every,
-                       steps_log)
+                       steps_log, kill_task=watch.kill_last if watch else None)
   progress.global_step = start_step
   if beat:
     beat.resumed_from = beat.step = start_step
     beat.set_phase("host")
     beat.start()
   preemption.install()
+  if watch is not None:
+    watch.start()
   # Callbacks with an end-of-run report (StragglerMonitor) write it once,
   # after the last segment, not at every segment's on_train_end.
   finishers = [cb for cb in callbacks if hasattr(cb, "finish_run")]
   for cb in finishers:
     cb.final_segment = False
+  lost = None
   try:
     history = _train_epochs(
         model, dataset_fn, progress,
@@ -322,7 +405,14 @@ def fit(model, dataset_fn, *, epochs: int, steps_per_epoch: int,
         {"validation_data": validation_data,
          "validation_steps": validation_steps})
     _final_checkpoint(checkpointer, progress, start_step, checkpoint_every)
+  except Exception:  # pylint: disable=broad-except
+    # A step that failed because a server task died: restart, not crash.
+    lost = watch.lost(wait_s=2.0) if watch is not None else None
+    if lost is None:
+      raise
   finally:
+    if watch is not None:
+      watch.stop()
     for cb in finishers:
       cb.final_segment = True  # also after an exception: plain fit again
     progress.flush_log()  # an exception still logs its steps; kill -9 not
@@ -332,6 +422,8 @@ def fit(model, dataset_fn, *, epochs: int, steps_per_epoch: int,
       beat.stop()
     if steps_log:
       steps_log.close()
+  if lost is not None:
+    watch.exit_lost(lost)  # the steps logged and flushed first
   # After the beat says "done": the watcher counts this as finishing.
   for cb in finishers:
     cb.finish_run()
