@@ -7,7 +7,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test test-fast lint docs wheel-check venv clean
+.PHONY: demo demo-cnn test test-fast lint docs wheel-check venv clean
 
 venv: $(STAMP)
 
@@ -28,18 +28,32 @@ $(STAMP): pyproject.toml setup.py
 	$(PY) -m pip install --quiet --no-deps 'tensorflow-serving-api>=2.18,<2.22'
 	touch $(STAMP)
 
+# The all-five job on a keras-hub MoE LM (tfopt.demo): search, train placed
+# with a fault, prune, serve; report in .demo/report.html.
 demo: $(STAMP)
+	TF_CPP_MIN_LOG_LEVEL=2 $(VENV)/bin/tfopt-demo --out_dir=.demo --overwrite
+
+# The placement pipeline alone on a small CNN (the earlier demo).
+demo-cnn: $(STAMP)
 	TF_CPP_MIN_LOG_LEVEL=2 $(VENV)/bin/tfopt-run-placed \
-	    --config=experiments/configs/run_placed_small_cnn.py --out_dir=.demo --overwrite
-	@echo "Gantt chart of the placed step: .demo/gantt.png; SavedModel: .demo/saved_model"
+	    --config=experiments/configs/run_placed_small_cnn.py --out_dir=.demo-cnn --overwrite
+	@echo "Gantt chart of the placed step: .demo-cnn/gantt.png; SavedModel: .demo-cnn/saved_model"
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .
 
 # --strict-skips: a test skipped for a reason not allowed in
-# tests/strict_skips.py fails the run (CI must run every test).
+# tests/strict_skips.py fails the run (CI must run every test). Two passes:
+# the suite in TEST_WORKERS processes side by side (most of a test's time
+# is single-threaded Python: tracing, rewriting, checking), the tests
+# marked `serial` (measured times, pinned cores, heartbeat timeouts of
+# seconds) afterwards, alone. A family's compatibility cells and the tests
+# sharing one expensive fixture form xdist groups (--dist loadgroup).
+TEST_WORKERS ?= 2
 test: $(STAMP) lint
-	TF_CPP_MIN_LOG_LEVEL=2 $(PY) -m pytest -q --strict-skips
+	TF_CPP_MIN_LOG_LEVEL=2 $(PY) -m pytest -q --strict-skips \
+	    -n $(TEST_WORKERS) --dist loadgroup -m "not serial"
+	TF_CPP_MIN_LOG_LEVEL=2 $(PY) -m pytest -q --strict-skips -m serial
 
 docs: $(STAMP)
 	$(PY) tools/build_docs.py --out=build/docs
@@ -48,7 +62,8 @@ wheel-check: $(STAMP)
 	bash tools/wheel_check.sh
 
 test-fast: $(STAMP)
-	TF_CPP_MIN_LOG_LEVEL=2 $(PY) -m pytest -q -m "not slow" tests
+	TF_CPP_MIN_LOG_LEVEL=2 $(PY) -m pytest -q -n $(TEST_WORKERS) \
+	    --dist loadgroup -m "not slow" tests
 
 clean:
 	rm -rf $(VENV) build dist *.egg-info

@@ -3,7 +3,8 @@
 - Every ```sh block runs, its commands in order, with /tmp/ paths moved
   into the test's temporary directory; each command's output is checked
   against what the README (and the config's docstring) says it prints.
-  `make demo` runs the Makefile's demo recipe; `make test` is this suite.
+  `make demo-cnn` runs the Makefile's recipe; `make demo` (minutes) is
+  tests/test_demo.py's, with --quick; `make test` is this suite.
 - Every other command named in the README, in a config's docstring or in a
   script's docstring (the longer runs and the benchmarks, minutes each) is
   parsed by its script: the module imports, every flag exists and takes its
@@ -79,12 +80,12 @@ def _inline_commands() -> list[str]:
 
 def _run(command: str, tmp: pathlib.Path) -> subprocess.CompletedProcess:
   argv = shlex.split(command.replace("/tmp/", f"{tmp}/"))
-  if argv[:2] == ["make", "demo"]:
-    recipe = subprocess.run(["make", "-n", "demo"], cwd=ROOT, check=True,
-                            capture_output=True, text=True).stdout
+  if argv[:2] == ["make", "demo-cnn"]:
+    recipe = subprocess.run(["make", "-n", "demo-cnn"], cwd=ROOT,
+                            check=True, capture_output=True, text=True).stdout
     line = next(c for c in _commands(recipe) if "tfopt-" in c)
     argv = shlex.split(line)
-    argv = [a.replace(".demo", str(tmp / "demo")) for a in argv
+    argv = [a.replace(".demo-cnn", str(tmp / "demo")) for a in argv
             if "=" not in a or not a.split("=")[0].isupper()]
     argv[0] = os.path.basename(argv[0])
   if argv[0] in COMMANDS:
@@ -98,7 +99,7 @@ def _run(command: str, tmp: pathlib.Path) -> subprocess.CompletedProcess:
 
 def _check_output(command: str, out: str, seen: dict) -> None:
   """What the README and the configs say each command prints."""
-  if command == "make demo":
+  if command == "make demo-cnn":
     for line in ("<- chosen", "ran where planned", "across 4 server "
                  "processes", "PredictRequest over gRPC"):
       assert line in out, (line, out[-3000:])
@@ -149,6 +150,8 @@ def test_readme_shell_block_runs(index, tmp_path):
   for command in _sh_blocks()[index]:
     if command == "make test":
       continue  # this suite
+    if command == "make demo":
+      continue  # tests/test_demo.py runs its recipe (--quick)
     done = _run(command, tmp_path)
     assert done.returncode == 0, (command, done.stderr[-3000:])
     _check_output(command, done.stdout, seen)
@@ -214,12 +217,17 @@ def test_every_script_runs_a_config_in_the_readme():
       # The launcher's worker job: its flags are in launch_scale_train.py.
       assert "launch_scale_train.py" in run
       continue
+    if script.stem == "demo":
+      # Settings built in (tfopt.demo.job): `make demo` runs it, and
+      # tests/test_demo.py that recipe with --quick.
+      assert "make demo" in run
+      continue
     name = _command_name(script)
     configs = [c.name for c in CONFIGS if any(
         name in cmd.split() for cmd in _docstring_commands(c))]
     assert configs, f"{script.name} has no config in experiments/configs"
     assert any(f"{name} --config=experiments/configs/{c}" in run or
-               (script.stem == "run_placed" and "make demo" in run)
+               (script.stem == "run_placed" and "make demo-cnn" in run)
                for c in configs), (script.name, configs)
 
 

@@ -14,6 +14,8 @@ and a test keeps the two equal):
     tfopt-launch             launch workers with heartbeats and restarts
     tfopt-calibrate          fit this machine's link and core sharing to a file
     tfopt-fit-across-devices train a model larger than one device's cap
+    tfopt-demo               all five on a keras-hub MoE LM: search, train
+                             placed with a fault, prune, serve (make demo)
 
 Configs for each (`--config=...`) live in the repository's
 `experiments/configs/`; every flag can be given on the command line instead.
@@ -30,6 +32,7 @@ COMMANDS = {
     "tfopt-launch": "tfopt.cli.launch",
     "tfopt-calibrate": "tfopt.cli.calibrate",
     "tfopt-fit-across-devices": "tfopt.cli.fit_across_devices",
+    "tfopt-demo": "tfopt.cli.demo",
 }
 
 __all__ = ["COMMANDS"]
