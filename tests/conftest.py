@@ -9,6 +9,24 @@ import pytest  # noqa: E402
 
 pytest_plugins = ["tests.strict_skips"]
 
+
+@pytest.hookimpl(tryfirst=True)  # before pytest-xdist reads the groups
+def pytest_collection_modifyitems(items):
+  """Under `make test`'s parallel pass (--dist loadgroup), the tests that
+  share one of our module- or session-scoped fixtures form an xdist group,
+  so the fixture is built once, in one process, not once per worker (the
+  demo's fixture runs the whole job). Tests with a group keep theirs."""
+  for item in items:
+    if item.get_closest_marker("xdist_group"):
+      continue
+    info = getattr(item, "_fixtureinfo", None)
+    for defs in (info.name2fixturedefs.values() if info else ()):
+      last = defs[-1]
+      # baseid "": a plugin's fixture (tmp_path_factory), not ours.
+      if last.scope in ("module", "package", "session") and last.baseid:
+        item.add_marker(pytest.mark.xdist_group(f"fixtures of {last.baseid}"))
+        break
+
 @pytest.fixture
 def costgraph_files():
   """The MSR costgraph files shipped as package data (tfopt/data)."""

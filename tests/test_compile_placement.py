@@ -17,6 +17,10 @@ from tfopt.runtime import variables as moving
 from tfopt.scale.compat import KerasCompatError
 
 
+# The tests reading `across` share one run of the script: one xdist group.
+_ACROSS = pytest.mark.xdist_group("fit across devices")
+
+
 @pytest.fixture(scope="module")
 def across(tmp_path_factory):
   out = tmp_path_factory.mktemp("across")
@@ -28,6 +32,7 @@ def across(tmp_path_factory):
 
 
 @pytest.mark.slow
+@_ACROSS
 def test_state_twice_a_device_trains_with_fit_on_four_devices(across):
   # 8 x Dense(1024) with CautiousAdamW: 101 MB of weights and moments, a
   # cap of half that per device.
@@ -51,6 +56,7 @@ def test_state_twice_a_device_trains_with_fit_on_four_devices(across):
 
 
 @pytest.mark.slow
+@_ACROSS
 def test_checkpoints_round_trip_on_the_placed_model(across):
   assert across["weights_round_trip"] and across["predict_after_load"]
   assert across["devices_after_load"] == across["variable_devices"]
@@ -58,6 +64,7 @@ def test_checkpoints_round_trip_on_the_placed_model(across):
 
 
 @pytest.mark.slow
+@_ACROSS
 def test_one_capped_device_is_refused_before_training(across):
   message = across["refused"]
   assert message is not None

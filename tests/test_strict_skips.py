@@ -55,3 +55,12 @@ def test_without_the_option_or_without_skips_the_run_passes(tmp_path):
   passing = "def test_runs():\n  assert True\n"
   result = _pytest(tmp_path, passing, "--strict-skips")
   assert result.returncode == 0, result.stdout
+
+
+def test_a_skip_in_a_parallel_worker_fails_the_run(tmp_path):
+  # make test runs the suite in xdist workers: their skips reach the
+  # controller's report, and the run fails there.
+  result = _pytest(tmp_path, SKIPS, "--strict-skips", "-n", "2")
+  assert result.returncode == pytest.ExitCode.TESTS_FAILED, result.stdout
+  assert "2 test(s) skipped" in result.stdout
+  assert "test_skips_itself: needs two cores" in result.stdout

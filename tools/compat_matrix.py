@@ -49,22 +49,30 @@ def run_suite() -> dict:
   import pytest  # pylint: disable=g-import-not-at-top
   recorder = _Recorder()
   # The README check reads what this run writes: not part of the run.
-  code = pytest.main(["-q", "-p", "no:cacheprovider", "-k",
+  code = pytest.main(["-q", "-p", "no:cacheprovider", "-n", "2",
+                      "--dist", "loadgroup", "-k",
                       "not test_readme_matrix_is_generated",
                       str(ROOT / "tests" / "compat" / "test_matrix.py")],
                      plugins=[recorder])
   sys.path.insert(0, str(ROOT))
-  from tests.compat.test_matrix import PATHS, applies  # pylint: disable=g-import-not-at-top
+  from tests.compat.test_matrix import EXCEPTIONS, PATHS, applies  # pylint: disable=g-import-not-at-top
   from tests.compat.families import FAMILIES  # pylint: disable=g-import-not-at-top
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
   import keras  # pylint: disable=g-import-not-at-top
-  rows = []
-  for family in FAMILIES:
-    rows.append({"family": family.name, "cells": {
-        path: recorder.outcomes.get((family.name, path),
-                                    applies(family, path))
-        for path in PATHS}})
+  def cell(family, path):
+    outcome = recorder.outcomes.get((family.name, path))
+    if outcome is None:
+      return applies(family, path)
+    # An exception's cell passes when its reason still holds.
+    if outcome == "passed" and (family.name, path) in EXCEPTIONS:
+      return applies(family, path)
+    return outcome
+
+  rows = [{"family": f.name, "cells": {p: cell(f, p) for p in PATHS}}
+          for f in FAMILIES]
   return {"paths": list(PATHS), "rows": rows, "pytest_exit": int(code),
+          "exceptions": {f"{n} / {p}": f"{status}: {why}"
+                         for (n, p), (status, why) in EXCEPTIONS.items()},
           "date": datetime.date.today().isoformat(),
           "versions": {"tensorflow": tf.__version__,
                        "keras": keras.__version__,
@@ -83,10 +91,12 @@ def render(results: dict) -> str:
   lines.append("")
   lines.append(f"From `python tools/compat_matrix.py` on {results['date']} "
                f"(TensorFlow {versions['tensorflow']}, Keras "
-               f"{versions['keras']}). n/a: the path does not apply "
-               f"(pruning is for MoE models); not run: a costly path that "
-               f"CI runs on one family of each kind "
-               f"(tests/compat/test_matrix.py, `_COSTLY`).")
+               f"{versions['keras']}); every cell runs in CI. n/a: the path "
+               f"does not apply (pruning is for MoE models). The other "
+               f"cells that do not read pass, and why (each cell's test "
+               f"checks that the reason still holds):")
+  for cell, why in sorted(results.get("exceptions", {}).items()):
+    lines.append(f"- {cell}: {why}.")
   return "\n".join(lines)
 
 

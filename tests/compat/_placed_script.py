@@ -1,8 +1,9 @@
 """The placed, spread and mirrored cells of the compatibility matrix, in a
 process with 2 logical CPUs (they exist only if configured before
 TensorFlow starts). Prints one JSON line: {family: {"placed": ...,
-"spread": ..., "mirrored": ...}}, each with plain Keras' history beside
-the hook's.
+"spread": ..., "mirrored": ...}}: the hook's histories (the caller
+compares the placed and spread ones with plain Keras on one device), and
+plain Keras' beside the hook's under the MirroredStrategy.
 
     python -m tests.compat._placed_script [FAMILY ...]
 """
@@ -33,12 +34,6 @@ FIT = dict(epochs=2, shuffle=False, verbose=0)
 # step's largest op needs with its inputs (an LSTM's gradient loop) there
 # is none; the placers' packing is not under test here.
 CAP_SHARES = (0.6, 0.75, 0.9)
-
-
-def _plain(family):
-  model = family.build()
-  model.compile(**family.compile_kwargs())
-  return model.fit(**family.data(), **FIT).history
 
 
 def _one_device_peak(family) -> int:
@@ -109,7 +104,7 @@ def _mirrored(family) -> dict:
   if not _STRATEGY:
     _STRATEGY.append(tf.distribute.MirroredStrategy(DEVICES))
   strategy = _STRATEGY[0]
-  runs = []
+  runs, errors = [], {}
   for hooked in (False, True):
     with strategy.scope():
       model = family.build()
@@ -117,7 +112,16 @@ def _mirrored(family) -> dict:
         tfopt.compile(model, verbose=False, **family.compile_kwargs())
       else:
         model.compile(**family.compile_kwargs())
-    runs.append(model.fit(**family.data(), **FIT).history)
+    try:
+      runs.append(model.fit(**family.data(), **FIT).history)
+    except Exception as err:  # pylint: disable=broad-except
+      # Where plain Keras itself fails, the hook's run says whether tfopt
+      # fails the same way (the cell's "Keras fails").
+      errors["hook" if hooked else "plain"] = f"{type(err).__name__}: {err}"
+  if errors:
+    return {"error": "; ".join(f"{k}: {v}" for k, v in errors.items()),
+            "plain_error": errors.get("plain"),
+            "hook_error": errors.get("hook")}
   reports = list(model.train_function.reports.values())
   return dict(history=runs[1], plain=runs[0],
               replicas=[r.replicas for r in reports],
@@ -151,12 +155,9 @@ def main(names):
       continue
     if any(importlib.util.find_spec(m) is None for m in family.needs):
       continue
-    plain = _plain(family)
     placed = _cell(lambda: _hooked(family, placement="m-etf"))
     peak = _cell(lambda: _one_device_peak(family))
     spread = peak if isinstance(peak, dict) else _spread(family, peak)
-    for cell in (placed, spread):
-      cell["plain"] = plain
     mirrored = _cell(lambda: _mirrored(family))
     out[family.name] = {"placed": placed, "spread": spread,
                         "mirrored": mirrored}

@@ -8,9 +8,11 @@ jit_compile=True), `placed` (m-ETF on 2 logical devices), `spread` (auto on
 `mirrored` (built in a MirroredStrategy scope over 2 logical devices, vs
 plain Keras under the same strategy), `pruned` (MoE rows: prune_moe at
 50 %), `exported` (a SavedModel whose serving signature answers what
-`model.predict` does). The placed, spread and mirrored cells run in one
-process of their own (logical devices exist only if configured before
-TensorFlow starts: `_placed_script.py`), beside the others.
+`model.predict` does). Every cell runs, in CI too. A family's placed,
+spread and mirrored cells run in one process of the family's own (logical
+devices exist only if configured before TensorFlow starts:
+`_placed_script.py`); a family's cells form one xdist group, so `make
+test`'s two test processes each take whole families.
 
 README's compatibility matrix is generated from these cells' outcomes
 (`python tools/compat_matrix.py`); `test_readme_matrix_is_generated`
@@ -35,35 +37,40 @@ from tests.compat import families as fam
 PATHS = ("hook", "xla", "placed", "spread", "mirrored", "pruned",
          "exported")
 
-# The families each costly path runs on in CI (one of each kind: a
-# language model with dict inputs and sample weights, an MoE model, a CNN
-# with batch norm, a recurrent loop; XLA with dropout is in
-# tests/test_compile.py); the other cells of
-# those paths read "not run". The suite must stay within CI's 25 minutes
-# on 2 cores; the whole matrix for every family took 21 minutes alone.
-_COSTLY = {
-    "xla": {"keras-hub Llama CausalLM", "keras-hub Qwen3-MoE CausalLM",
-            "keras-hub ResNet classifier", "Keras LSTM"},
-    "placed": {"keras-hub Llama CausalLM", "keras-hub Qwen3-MoE CausalLM",
-               "keras-hub ResNet classifier", "Keras LSTM"},
-    # Backbones with dict inputs (BERT, GPT-2, Llama) and images are
-    # exported in tests/export as well.
-    "exported": {"keras-hub Llama CausalLM", "keras-hub Qwen3-MoE CausalLM",
-                 "Keras LSTM"},
-}
-_COSTLY["spread"] = _COSTLY["mirrored"] = _COSTLY["placed"]
 
-# Rows whose builds take tens of seconds on 2 cores: slow tests.
-_HEAVY: set[str] = set()
+# Cells where the path does not give plain Keras' result, and why, keyed
+# (family, path) -> (status, reason). Each cell's test checks that the
+# reason still holds (the day it does not, the test fails and the cell
+# becomes an ordinary one):
+# - "Keras fails": plain Keras itself cannot run the cell;
+# - "XLA declined": the hook's first-batch check finds the XLA step's
+#   numbers off plain Keras' and runs the step without XLA, equal to plain
+#   Keras (Keras' own jit_compile=True runs it, and its losses move off).
+EXCEPTIONS = {
+    **{(name, "mirrored"): ("Keras fails", (
+        "plain Keras fails under a MirroredStrategy: its symbolic build "
+        "averages a sample batch across replicas, and the preprocessor's "
+        "bool padding mask has no AddN kernel (Keras' "
+        "`_maybe_symbolic_build`; tfopt's hook runs after it and fails the "
+        "same way). Feeding the mask as int32 avoids it (the LM rows do)"))
+       for name in ("keras-hub GPT-2 CausalLM + preprocessor",
+                    "keras-hub BERT classifier + preprocessor")},
+    ("keras.applications MobileNet", "xla"): ("XLA declined", (
+        "batch norm over 1x1 feature maps (32x32 inputs, stride 32) is "
+        "ill-conditioned: XLA's kernels give gradients 0.5-1 % off "
+        "TensorFlow's, so the hook runs the step without XLA, equal to "
+        "plain Keras; Keras' own jit_compile=True runs it and its losses "
+        "end 9 % off its run without XLA")),
+}
 
 
 def applies(family: fam.Family, path: str) -> str:
-  """"yes", or why the cell is not in the suite: "n/a" (pruning is for
-  MoE rows) or "not run" (a costly path on another family)."""
+  """"yes", "n/a" (pruning is for MoE rows) or the cell's status in
+  `EXCEPTIONS`."""
   if path == "pruned" and not family.moe:
     return "n/a"
-  if path in _COSTLY and family.name not in _COSTLY[path]:
-    return "not run"
+  if (family.name, path) in EXCEPTIONS:
+    return EXCEPTIONS[family.name, path][0]
   return "yes"
 
 
@@ -71,20 +78,20 @@ _SUBPROCESS = ("placed", "spread", "mirrored")
 
 
 def cells():
-  """(family, path) of every cell in the suite, each a pytest param; the
-  cells of the logical-devices process last, so that it runs beside the
-  others (`placed_process`)."""
+  """(family, path) of every cell, each a pytest param, a family's cells
+  one after the other in one xdist group: they share the family's plain
+  Keras run, its hook-trained model (`trained`) and its logical-devices
+  process (`_logical_device_cells`), on one test process."""
   out = []
-  for in_process in (True, False):
-    for family in fam.FAMILIES:
-      for path in PATHS:
-        if applies(family, path) != "yes" or (
-            (path not in _SUBPROCESS) != in_process):
-          continue
-        slow = family.name in _HEAVY or path in _SUBPROCESS
-        out.append(pytest.param(family.name, path,
-                                id=f"{family.name}-{path}",
-                                marks=[pytest.mark.slow] if slow else []))
+  for family in fam.FAMILIES:
+    for path in PATHS:
+      if applies(family, path) == "n/a":
+        continue
+      marks = [pytest.mark.xdist_group(f"compat: {family.name}")]
+      if path in _SUBPROCESS:
+        marks.append(pytest.mark.slow)
+      out.append(pytest.param(family.name, path,
+                              id=f"{family.name}-{path}", marks=marks))
   return out
 
 
@@ -113,11 +120,12 @@ def _hooked(family: fam.Family, **kwargs):
   return model, history
 
 
-@functools.lru_cache(maxsize=1)
+@functools.lru_cache(maxsize=None)
 def trained(name: str):
   """The family's model trained through the hook, and its history: the
   hook cell checks it, the exported and pruned cells carry it on (a user
-  exports or prunes the model they trained). One family at a time."""
+  exports or prunes the model they trained). Kept for the process: xdist
+  may run other tests between a family's cells."""
   return _hooked(fam.BY_NAME[name])
 
 
@@ -128,38 +136,16 @@ def _assert_same_history(got: dict, expected: dict, rtol: float) -> None:
                                err_msg=key)
 
 
-_PROCESS: dict = {}
-
-
-@pytest.fixture(scope="module", autouse=True)
-def placed_process(request):
-  """Starts the logical-devices process (`_placed_script.py`) with the
-  module when any of its cells is selected: it trains while the in-process
-  cells run (CI has 2 cores; the cells are small), and is read when its
-  first cell comes."""
-  wanted = any(item.nodeid.endswith(tuple(f"-{p}]" for p in _SUBPROCESS))
-               for item in request.session.items
-               if item.nodeid.startswith(request.node.nodeid))
-  if wanted:
-    _PROCESS["popen"] = subprocess.Popen(
-        [sys.executable, "-m", "tests.compat._placed_script",
-         *sorted(_COSTLY["placed"])],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-  yield
-  popen = _PROCESS.pop("popen", None)
-  if popen is not None and popen.poll() is None:
-    popen.kill()
-    popen.communicate()
-
-
-@functools.lru_cache(maxsize=1)
-def _placed_results() -> dict:
-  """The placed and spread cells of every family in `_COSTLY`, from the
-  process with 2 logical CPUs."""
-  popen = _PROCESS["popen"]
-  out, err = popen.communicate(timeout=1500)
-  assert popen.returncode == 0, err[-4000:]
-  return json.loads(out.strip().splitlines()[-1])
+@functools.lru_cache(maxsize=None)
+def _logical_device_cells(name: str) -> dict:
+  """The family's placed, spread and mirrored cells, from a process with
+  2 logical CPUs (`_placed_script.py`: they exist only if configured
+  before TensorFlow starts)."""
+  done = subprocess.run(
+      [sys.executable, "-m", "tests.compat._placed_script", name],
+      capture_output=True, text=True, timeout=1500, check=False)
+  assert done.returncode == 0, done.stderr[-4000:]
+  return json.loads(done.stdout.strip().splitlines()[-1])[name]
 
 
 def _check_hook(family):
@@ -172,6 +158,9 @@ def _check_hook(family):
 
 def _check_xla(family):
   model, history = _hooked(family, jit_compile=True)
+  if applies(family, "xla") == "XLA declined":
+    _check_xla_declined(family, model, history)
+    return
   # XLA reorders float math: close to plain Keras, not bit-equal.
   _assert_same_history(history, plain_history(family.name), rtol=1e-4)
   reports = list(model.train_function.reports.values())
@@ -179,10 +168,28 @@ def _check_xla(family):
       r.xla for r in reports]
 
 
+def _check_xla_declined(family, model, history):
+  # The hook said why, and trained as plain Keras does.
+  reports = list(model.train_function.reports.values())
+  assert reports and all(r.xla.startswith("XLA not used: The XLA-compiled "
+                                          "step computes gradient")
+                         for r in reports), [r.xla for r in reports]
+  _assert_same_history(history, plain_history(family.name), rtol=1e-5)
+  # Keras' own XLA step moves off plain Keras by far more than the cell's
+  # tolerance: the numbers, not tfopt, are what XLA changes here.
+  model = family.build()
+  model.compile(jit_compile=True, **family.compile_kwargs())
+  keras_xla = model.fit(**family.data(), **FIT).history["loss"]
+  plain = plain_history(family.name)["loss"]
+  assert np.max(np.abs(np.subtract(keras_xla, plain)) / np.abs(plain)) > 1e-2
+
+
 def _check_placed(family, path):
-  result = _placed_results()[family.name][path]
+  result = _logical_device_cells(family.name)[path]
   assert result.get("error") is None, result.get("error")
-  _assert_same_history(result["history"], result["plain"], rtol=1e-5)
+  # Against plain Keras in this process (one device).
+  _assert_same_history(result["history"], plain_history(family.name),
+                       rtol=1e-5)
   assert result["devices"] == ["/device:CPU:0", "/device:CPU:1"], result
   assert result["verified"] > 0
   if path == "spread":
@@ -193,7 +200,11 @@ def _check_placed(family, path):
 
 
 def _check_mirrored(family):
-  result = _placed_results()[family.name]["mirrored"]
+  result = _logical_device_cells(family.name)["mirrored"]
+  if applies(family, "mirrored") == "Keras fails":
+    for error in (result.get("plain_error"), result.get("hook_error")):
+      assert error and "AddN" in error and "bool" in error, result
+    return
   assert result.get("error") is None, result.get("error")
   # Plain Keras under the same MirroredStrategy: each replica's step
   # rewritten, the all-reduce and updates Keras'.

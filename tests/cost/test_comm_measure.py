@@ -9,6 +9,7 @@ from tfopt.cost.comm_measure import measure_comm_model, measure_transfer_times
 LOCAL = "/job:localhost/replica:0/task:0/device:CPU:"
 
 
+@pytest.mark.serial
 def test_measured_transfers_grow_with_size_and_fit():
   sizes = [1, 1024, 64 * 1024, 1 << 20, 4 << 20, 16 << 20]
   fit, points = measure_comm_model(sizes, repeats=5)

@@ -69,6 +69,7 @@ def _flops_mismatch(costs, by_layer) -> str:
   return ""
 
 
+@pytest.mark.serial
 def test_matmul_times_follow_their_flops(step_and_batch):
   step, batch = step_and_batch
   matmuls = [op.name for op in step.graph.ops if op.type == "MatMul"]
@@ -112,6 +113,7 @@ def _agree(first, second) -> bool:
   return float(np.corrcoef(a, b)[0, 1]) > 0.7
 
 
+@pytest.mark.serial
 def test_two_profiles_agree_within_noise(step_and_batch):
   step, batch = step_and_batch
   # Medians of 15 traced steps: contention spikes on a shared machine are
@@ -178,6 +180,7 @@ print(json.dumps({"total": costs.total_compute_us(),
 """
 
 
+@pytest.mark.serial
 def test_ops_the_runtime_fuses_are_not_counted_twice():
   # Conv layers with a bias: TensorFlow's oneDNN build runs Conv2D + BiasAdd
   # as one kernel under the BiasAdd's name (and folds BiasAddGrad into the

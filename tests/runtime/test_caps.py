@@ -123,6 +123,7 @@ def _run(mode):
   return json.loads(done.stdout.strip().splitlines()[-1])
 
 
+@pytest.mark.serial
 @needs_caps
 @pytest.mark.slow
 def test_placed_over_capped_processes_trains_where_one_process_dies():

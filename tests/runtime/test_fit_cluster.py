@@ -44,6 +44,7 @@ def test_fits_recover_known_parameters_from_synthetic_measurements():
     fit_capacity(0.0, 1.0)
 
 
+@pytest.mark.serial
 def test_calibrate_command_on_logical_devices(tmp_path):
   out = tmp_path / "cal.json"
   done = subprocess.run(
@@ -71,6 +72,7 @@ def test_calibrate_command_on_logical_devices(tmp_path):
   assert bad.returncode != 0 and "--devices must be KIND:N" in bad.stderr
 
 
+@pytest.mark.serial
 @pytest.mark.slow
 @pytest.mark.usefixtures("two_pinned_cores")
 def test_pinned_tasks_are_calibrated_apart():

@@ -26,6 +26,7 @@ def mlp():
   return step, graph_def, [x, y]
 
 
+@pytest.mark.serial
 def test_a_deliberately_bad_plan_loses_to_one_device_on_the_clock(mlp):
   step, graph_def, inputs = mlp
   graph = opgraph_from_graphdef(graph_def, inline=False, batch_size=32)

@@ -10,6 +10,7 @@ from tfopt.passes import PassContext, PassManager
 from tfopt.runtime.speedup import measure_pinned_speedup
 
 
+@pytest.mark.serial
 @pytest.mark.slow
 @pytest.mark.usefixtures("two_pinned_cores")
 def test_towers_on_two_pinned_tasks_beat_one():

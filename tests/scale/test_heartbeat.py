@@ -19,6 +19,7 @@ def _beat(directory, worker, step, phase, age, phase_age, median=0.05,
       "median_step_s": median}))
 
 
+@pytest.mark.serial
 def test_writer_beats_from_a_thread(tmp_path):
   writer = hb.HeartbeatWriter(tmp_path, 3, interval_s=0.05, attempt=2)
   writer.start()

@@ -26,7 +26,8 @@ import pytest
 
 from tfopt.scale.launch import launch
 
-pytestmark = pytest.mark.slow
+# Heartbeat timeouts of seconds and timed stragglers: the serial pass.
+pytestmark = [pytest.mark.slow, pytest.mark.serial]
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(
     __file__))))

@@ -58,6 +58,7 @@ class _Delay(keras.callbacks.Callback):
     time.sleep(0.03)
 
 
+@pytest.mark.serial
 def test_recorder_splits_host_gap_and_step():
   model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(2)])
   model.compile("sgd", "mse")
@@ -71,6 +72,7 @@ def test_recorder_splits_host_gap_and_step():
   assert 0 < np.median(recorder.in_step) < 0.03
 
 
+@pytest.mark.serial
 def test_chrome_trace_of_two_workers(tmp_path):
   import json
   model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(2)])
