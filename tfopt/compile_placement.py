@@ -153,6 +153,20 @@ def keras_assignment(step, model, graph_def) -> list[tuple[object, str]]:
   return out
 
 
+def one_device_peak(step) -> int:
+  """The step's analytic liveness peak on one device (bytes): the
+  simulator's schedule of the whole step on one device with the analytic
+  cost estimate, what `tfopt.compile` judges a cap against first."""
+  from tfopt.cluster import Cluster  # pylint: disable=g-import-not-at-top
+  from tfopt.cost.analytic import estimate_costs  # pylint: disable=g-import-not-at-top
+  from tfopt.placement.placement import Placement  # pylint: disable=g-import-not-at-top
+  from tfopt.simulate import simulate  # pylint: disable=g-import-not-at-top
+  graph = step.graph
+  schedule = simulate(graph, Placement.single_device(graph),
+                      estimate_costs(graph), Cluster.uniform(1, None))
+  return int(schedule.peak_bytes[0])
+
+
 def fits_one_device(step, cap: int | None) -> bool:
   """Whether the step's analytic one-device liveness peak fits `cap`."""
   if cap is None:

@@ -39,20 +39,12 @@ CAP_SHARES = (0.6, 0.75, 0.9)
 def _one_device_peak(family) -> int:
   """The step's analytic liveness peak on one device, from the first
   batch as `fit` feeds it."""
-  from tfopt.cluster import Cluster  # pylint: disable=g-import-not-at-top
-  from tfopt.cost.analytic import estimate_costs  # pylint: disable=g-import-not-at-top
+  from tfopt.compile_placement import one_device_peak  # pylint: disable=g-import-not-at-top
   from tfopt.graph.capture import capture_train_step  # pylint: disable=g-import-not-at-top
-  from tfopt.placement.placement import Placement  # pylint: disable=g-import-not-at-top
-  from tfopt.simulate import simulate  # pylint: disable=g-import-not-at-top
   model = family.build()
   model.compile(**family.compile_kwargs())
-  data = family.data()
-  batch = next(iter(_first_batches(model, data)))
-  step = capture_train_step(model, data=batch)
-  graph = step.graph
-  schedule = simulate(graph, Placement.single_device(graph),
-                      estimate_costs(graph), Cluster.uniform(1, None))
-  return int(schedule.peak_bytes[0])
+  batch = next(iter(_first_batches(model, family.data())))
+  return one_device_peak(capture_train_step(model, data=batch))
 
 
 def _first_batches(model, data):

@@ -132,17 +132,10 @@ def run(spec: dict) -> dict[str, Any]:
 def _one_device_peak(model, x, y, spec) -> int:
   """The simulator's one-device liveness peak of the model's step with
   the analytic estimate (what `tfopt.compile` judges first)."""
-  from tfopt.cluster import Cluster  # pylint: disable=g-import-not-at-top
-  from tfopt.cost.analytic import estimate_costs  # pylint: disable=g-import-not-at-top
+  from tfopt.compile_placement import one_device_peak  # pylint: disable=g-import-not-at-top
   from tfopt.graph.capture import capture_train_step  # pylint: disable=g-import-not-at-top
-  from tfopt.placement.placement import Placement  # pylint: disable=g-import-not-at-top
-  from tfopt.simulate import simulate  # pylint: disable=g-import-not-at-top
   bs = spec["batch_size"]
-  step = capture_train_step(model, x=x[:bs], y=y[:bs])
-  graph = step.graph
-  return int(simulate(graph, Placement.single_device(graph),
-                      estimate_costs(graph),
-                      Cluster.uniform(1, device_type="CPU")).peak_bytes[0])
+  return one_device_peak(capture_train_step(model, x=x[:bs], y=y[:bs]))
 
 
 def _placed(out, model, x, y, spec, devices, servers):

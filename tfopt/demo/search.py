@@ -67,10 +67,11 @@ def run(splits: Splits, cfg: dict, out_dir: str, say) -> dict:
                     title="one-shot NAS: Qwen3-MoE LM shapes",
                     overwrite=True, metric="log-likelihood per token")
   best = ranking.perplexity[0]
+  perplexity = dict(ranking.perplexity)
   say(f"search: chose {space.describe(chosen)} "
       f"({ranking.params[chosen]:,} parameters, perplexity "
-      f"{dict(ranking.perplexity)[chosen]:.2f}; best admitted "
-      f"{dict(ranking.perplexity)[ranking.top()[0]]:.2f})")
+      f"{perplexity[chosen]:.2f}; best admitted "
+      f"{perplexity[ranking.top()[0]]:.2f})")
   return {
       "space": {layer.name: layer.op_names for layer in space.layers},
       "sub_networks": space.size,
@@ -92,7 +93,7 @@ def run(splits: Splits, cfg: dict, out_dir: str, say) -> dict:
       "chosen": {"arch": space.describe(chosen),
                  "config": moe_lm.backbone_config(space, chosen),
                  "params": ranking.params[chosen],
-                 "perplexity": dict(ranking.perplexity)[chosen]},
+                 "perplexity": perplexity[chosen]},
       "exported": path,
       "export_max_abs_diff": agree,
       "scatter_png": plot,

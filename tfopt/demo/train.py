@@ -92,14 +92,11 @@ def step_sizes(model_path: str, splits: Splits, cfg: dict) -> dict:
   """The training state, the step's one-device peak and the cap."""
   import keras  # pylint: disable=g-import-not-at-top
   import keras_hub  # noqa: F401  pylint: disable=g-import-not-at-top,unused-import
-  from tfopt.cluster import Cluster  # pylint: disable=g-import-not-at-top
-  from tfopt.cost.analytic import estimate_costs  # pylint: disable=g-import-not-at-top
+  from tfopt.compile_placement import one_device_peak  # pylint: disable=g-import-not-at-top
   from tfopt.graph.capture import capture_train_step  # pylint: disable=g-import-not-at-top
   from tfopt.optimizers import CautiousAdamW  # pylint: disable=g-import-not-at-top
-  from tfopt.placement.placement import Placement  # pylint: disable=g-import-not-at-top
   from tfopt.scale.flops import train_step_flops  # pylint: disable=g-import-not-at-top
   from tfopt.scale.mfu import cpu_peak_flops  # pylint: disable=g-import-not-at-top
-  from tfopt.simulate import simulate  # pylint: disable=g-import-not-at-top
   model = keras.saving.load_model(model_path, compile=False)
   model.compile(optimizer=CautiousAdamW(1e-3),
                 loss=keras.losses.SparseCategoricalCrossentropy(
@@ -108,19 +105,17 @@ def step_sizes(model_path: str, splits: Splits, cfg: dict) -> dict:
   train = splits.train.take(slice(0, batch))
   step = capture_train_step(model, data=(train.x, train.y,
                                          train.sample_weight))
-  graph = step.graph
-  peak = int(simulate(graph, Placement.single_device(graph),
-                      estimate_costs(graph),
-                      Cluster.uniform(1, None)).peak_bytes[0])
-  weights = sum(int(np.prod(v.shape)) * 4 for v in model.trainable_variables)
+  weights = sum(int(np.prod(v.shape)) * np.dtype(v.dtype).itemsize
+                for v in model.trainable_variables)
+  state = 3 * weights  # weights + CautiousAdamW's m and v
   peak_flops, peak_source = cpu_peak_flops()
   return {"params": model.count_params(), "weights_bytes": weights,
           "flops_per_step": train_step_flops(
               model, train.x, train.y, train.sample_weight).total,
           "peak_flops": peak_flops, "peak_source": peak_source,
-          "state_bytes": 3 * weights,  # weights + CautiousAdamW's m and v
-          "one_device_peak_bytes": peak,
-          "cap_bytes": int(cfg["cap_share"] * 3 * weights),
+          "state_bytes": state,
+          "one_device_peak_bytes": one_device_peak(step),
+          "cap_bytes": int(cfg["cap_share"] * state),
           "tasks": cfg["job"]["tasks"]}
 
 
