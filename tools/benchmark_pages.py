@@ -1,0 +1,601 @@
+"""Writes the published numbers from the committed benchmark results.
+
+    .venv/bin/python tools/benchmark_pages.py          # write the pages
+    .venv/bin/python tools/benchmark_pages.py --check  # exit 1 if stale
+
+Every figure in `docs/benchmarks.md` and in README's headline table (between
+its `benchmarks` markers) is computed here from `benchmarks/results/*.json`;
+none is typed by hand. `tests/test_benchmark_pages.py` fails when a committed
+page is not this script's rendering of the JSON beside it, so a benchmark
+rerun lands together with the pages it changes. The Baechi reference
+implementation's rows are the one exception to "measured by a committed
+command": they are constants in `tfopt/placement/reference.py`, from running
+the reference's own code elsewhere, and the page says so.
+"""
+
+from __future__ import annotations
+
+import json
+import pathlib
+import sys
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+RESULTS = ROOT / "benchmarks" / "results"
+GUIDE = ROOT / "docs" / "benchmarks.md"
+README = ROOT / "README.md"
+BEGIN = "<!-- benchmarks:begin (tools/benchmark_pages.py) -->"
+END = "<!-- benchmarks:end -->"
+
+WORKLOADS = {
+    "msr_bert_l3_training_ops": "BERT-L3 training ops",
+    "msr_gnmt_training_layers": "GNMT training layers",
+    "msr_inceptionv3_training_layers": "Inception-V3 training layers",
+    "msr_resnet50_training_ops": "ResNet-50 training ops",
+}
+MODELS = {"mlp": "MLP", "cnn": "CNN", "transformer": "Transformer LM",
+          "gnmt": "GNMT", "towers": "towers", "demo": "demonstration", "transformer_lm": "Transformer LM",
+          "resnet50": "ResNet-50", "inception_v3": "Inception-V3"}
+METHODS = (("magnitude", "magnitude"), ("wanda", "Wanda (routed)"),
+           ("moe_pruner", "MoE-Pruner"), ("sparsegpt", "SparseGPT"))
+
+
+def load(name: str) -> dict:
+  """One results file of benchmarks/results, by its stem."""
+  return json.loads((RESULTS / f"{name}.json").read_text(encoding="utf-8"))
+
+
+# ---------------------------------------------------------------- helpers
+
+def _f(value, digits: int = 2, unit: str = "") -> str:
+  if value is None:
+    return "--"
+  return f"{value:,.{digits}f}{unit}"
+
+
+def _span(values, digits: int = 2, unit: str = "") -> str:
+  """`lo-hi` of the values (one value when they agree at that precision)."""
+  lo, hi = _f(min(values), digits), _f(max(values), digits)
+  return (lo if lo == hi else f"{lo}-{hi}") + unit
+
+
+def _table(header: list[str], rows: list[list[str]],
+           right: set[int] = frozenset()) -> str:
+  align = ["---:" if i in right else "---" for i in range(len(header))]
+  lines = ["| " + " | ".join(header) + " |", "| " + " | ".join(align) + " |"]
+  lines += ["| " + " | ".join(str(c) for c in row) + " |" for row in rows]
+  return "\n".join(lines)
+
+
+def _model(name: str) -> str:
+  return MODELS.get(name, name)
+
+
+# ------------------------------------------------------------- sections
+
+def capture_section() -> str:
+  d = load("capture")
+  rows = [[_model(r["model"]), f"{r['ops']:,}", _f(r["capture_s"], 1),
+           _f(r["keras_first_step_s"], 1),
+           _f(r["capture_vs_keras_first_step"]),
+           _f(r["profile_s_per_step"], 1), _f(r["keras_step_s"], 1),
+           _f(r["profiled_step_vs_keras_step"]),
+           _f(r["analytic_vs_profiled"])] for r in d["rows"]]
+  return "\n\n".join([
+      "## Capture and profiling",
+      f"`python -m benchmarks.capture` ({d['machine']}, TensorFlow "
+      f"{d['tensorflow']}, batch {d['rows'][0]['batch_size']}; "
+      "`benchmarks/results/capture.json`). Ours: `capture_train_step`, then "
+      "`profile_step`. Baseline in the same process: Keras' own route to a "
+      "traced step (its first `train_on_batch`) and its steady-state step.",
+      _table(["model", "ops captured", "capture s", "Keras first step s",
+              "ratio", "profiled step s", "Keras step s", "ratio",
+              "analytic / profiled compute"], rows, set(range(1, 9))),
+      "A profiled step costs more than a normal one because ops run one at "
+      "a time under full tracing, so each op's time is its own."])
+
+
+def _placement_rows(d: dict) -> list[dict]:
+  return [r for r in d["rows"] if r["workload"] in WORKLOADS]
+
+
+def _plan(r: dict) -> str:
+  if not r["feasible"]:
+    return ("no plan can exist (live-memory bound)"
+            if r.get("proven_infeasible") else "no plan found")
+  return f"{r['makespan_us'] / 1e3:,.1f} ms ({r['placer']})"
+
+
+def placement_section() -> str:
+  d = load("placement")
+  ref_rows = [r for r in _placement_rows(d) if "reference_placer" in r]
+  rows = []
+  for r in ref_rows:
+    best = r.get("reference_best_ms")
+    rows.append([
+        WORKLOADS[r["workload"]], r["memory_fraction"], _plan(r),
+        (_f(r["single_device_us"] / 1e3, 1, " ms")
+         if r["single_device_fits"] else "does not fit"),
+        (f"{best:,.1f} ms ({r['reference_placer']})" if best
+         else r["reference_placer"]),
+        _f(r.get("vs_reference")),
+        _f(r["lower_bound_us"] / 1e3 if r.get("lower_bound_us") else None, 1, " ms"), _f(r.get("vs_lower_bound")),
+        f"{r['placement_seconds']:.2f} / "
+        f"{_f(r.get('reference_seconds'))}"])
+  others = []
+  for r in _placement_rows(d):
+    if r["devices"] == 4:
+      continue
+    others.append([WORKLOADS[r["workload"]], r["devices"],
+                   r["memory_fraction"], _plan(r),
+                   _f(r.get("vs_lower_bound")),
+                   _f(r["live_bound_fraction"], 3),
+                   _f(r.get("placement_seconds"))])
+  synth = []
+  for r in d["rows"]:
+    if not r["workload"].startswith("synthetic_"):
+      continue
+    synth.append([f"{r['ops']:,}", r["devices"], r["memory_fraction"],
+                  _plan(r), _f(r["single_device_us"] / 1e3, 1, " ms")
+                  if r["single_device_fits"] else "does not fit",
+                  _f(r["m_topo_us"] / 1e3 if r["m_topo_us"] else None, 1,
+                     " ms"),
+                  _f(r["placement_seconds"]),
+                  _f(r.get("reference_seconds"))])
+  return "\n\n".join([
+      "## Placement",
+      f"`python -m benchmarks.placement` ({d['machine']}; link model "
+      f"{d['comm']}; caps as a fraction of the graph's total memory per "
+      "device; `benchmarks/results/placement.json`). `bound` is the "
+      "makespan's lower bound (critical path, work over devices); "
+      "`/ bound` is the plan's makespan over it.",
+      "### Against the Baechi reference implementation (4 devices)",
+      "The reference columns are constants in "
+      "`tfopt/placement/reference.py`: the reference's own m-TOPO, m-ETF and "
+      "m-SCT (beomyeol/baechi, with and without its fusion pass) run "
+      "elsewhere on the same workloads and link model, each plan re-scored "
+      "by a liveness simulator. They are not re-run by the benchmark; "
+      "everything else is.",
+      _table(["workload", "cap", "tfopt `auto`", "one device",
+              "reference's best valid plan", "ours / reference", "bound",
+              "/ bound", "`auto` s / reference m-ETF s"], rows,
+             {5, 6, 7, 8}),
+      "### Other device counts",
+      "`live at once` is the live-memory bound as a fraction of the graph's "
+      "memory: where it exceeds devices x cap, no plan exists.",
+      _table(["workload", "devices", "cap", "tfopt `auto`", "/ bound",
+              "live at once", "`auto` s"], others, {1, 2, 4, 5, 6}),
+      "### Synthetic layered DAGs",
+      "On the 4-device rows, placement time against the reference's m-ETF "
+      "on its own generator's graphs of the same size (a constant of "
+      "`tfopt/placement/reference.py`).",
+      _table(["ops", "devices", "cap", "tfopt `auto`", "one device",
+              "plain m-TOPO", "`auto` s", "reference m-ETF s"], synth,
+             {0, 1, 2, 4, 5, 6, 7})])
+
+
+def optimizers_section() -> str:
+  d = load("optimizers")
+  over = {}
+  for r in d["overhead"]:
+    over.setdefault(r["model"], {})[r["optimizer"]] = r
+  names = list(dict.fromkeys(r["optimizer"] for r in d["overhead"]))
+  rows = []
+  for model, by in over.items():
+    row = [model]
+    for o in names:
+      r = by.get(o)
+      row.append(f"{r['ours_ms']:.2f} / {r['keras_ms']:.2f} ms = "
+                 f"{r['ratio']:.2f}x" if r else "--")
+    rows.append(row)
+  ns = [["x".join(map(str, r["shape"])), _f(r["ours_ms"]), _f(r["keras_ms"]),
+         _f(r["ratio"])] for r in d["newton_schulz"]]
+  conv = d["convergence"]
+  crows = [[r["optimizer"], r["weight_decay"], _f(r["cwd_loss"], 3),
+            _f(r["plain_loss"], 3), _f(r["loss_ratio"], 3),
+            r["cwd_lower_loss_seeds"],
+            f"{r['cwd_accuracy']:.3f} / {r['plain_accuracy']:.3f}",
+            f"{r['cwd_weight_norm']:.1f} / {r['plain_weight_norm']:.1f}"]
+           for r in conv["summary"]]
+  return "\n\n".join([
+      "## Cautious Weight Decay optimizers",
+      f"`python -m benchmarks.optimizers` ({d['machine']}, {d['cpus']} cpus, "
+      f"TensorFlow {d['tensorflow']}, Keras {d['keras']}; "
+      "`benchmarks/results/optimizers.json`).",
+      "Step time of `apply_gradients` under XLA with fixed gradients, ours "
+      "(CWD on) against the Keras twin in the same process, steps "
+      "interleaved, median; ours / Keras:",
+      _table(["model"] + [n for n in names], rows),
+      "Newton-Schulz orthogonalization per matrix, ours vs Keras' Muon (ms):",
+      _table(["shape", "ours", "Keras", "ratio"], ns, {1, 2, 3}),
+      f"Convergence: {conv['task']}, {conv['steps']} steps; final training "
+      "loss (nats per character), mean over seeds, CWD against decoupled "
+      "decay at equal weight decay:",
+      _table(["optimizer", "weight decay", "CWD loss", "decoupled loss",
+              "ratio", "CWD lower", "accuracy CWD / decoupled",
+              "weight norm CWD / decoupled"], crows, {1, 2, 3, 4}),
+      "![final loss vs weight decay]"
+      "(../benchmarks/results/optimizers_convergence.png)"])
+
+
+def moe_section() -> str:
+  d, ref = load("moe_pruning"), load("moe_reference")
+  m = d["model"]
+  rows = []
+  for pattern, s in d["summary"].items():
+    rows.append([pattern] + [_f(s[k]["mean_ratio"], 3) for k, _ in METHODS]
+                + [f"{s['moe_pruner_beats_wanda_seeds']} / {d['seeds']}"])
+  dist = d["distillation"]
+  drows = [["dense (the bar)", _f(dist["dense_finetuned"]["ppl_before"], 3),
+            _f(dist["dense_finetuned"]["ppl_after"], 3), "-"]]
+  for key, name in (("pruned_finetuned", "pruned, plain fine-tuning"),
+                    ("pruned_distilled", "pruned, `ExpertDistiller`")):
+    r = dist[key]
+    drows.append([name, _f(r["ppl_before"], 3), _f(r["ppl_after"], 3),
+                  _f(100 * r["gap_closed"], 1, " %")])
+  return "\n\n".join([
+      "## MoE pruning",
+      "`python -m benchmarks.moe_pruning` (`benchmarks/results/"
+      "moe_pruning.json`) on the reference model of `python -m "
+      f"benchmarks.moe_reference` (`tfopt.zoo.moe_lm`: {m['num_experts']} "
+      f"experts, top-{m['top_k']}, {m['num_layers']} blocks, d_model "
+      f"{m['d_model']}; {ref['steps']:,} steps, held-out perplexity "
+      f"{ref['eval_perplexity']:.3f} on {ref['eval_tokens']:,} bytes). "
+      f"Expert kernels pruned, calibration {d['calibration_windows']} "
+      f"windows, {d['seeds']} calibration seeds; perplexity / dense, mean "
+      "over the seeds:",
+      _table(["pattern"] + [n for _, n in METHODS]
+             + ["MoE-Pruner better than Wanda"], rows, {1, 2, 3, 4, 5}),
+      f"Sparse export at 50 %: {d['export_ratio_50']:.3f}x the dense fp32 "
+      "expert bytes.",
+      f"Fine-tuning after MoE-Pruner at 50 % (seed 0), {d['finetune_steps']} "
+      f"steps of batch {d['finetune_batch']}, the same data for all three; "
+      "gap closed = (pruned - tuned) / (pruned - dense tuned):",
+      _table(["model", "perplexity before", "after", "gap closed"], drows,
+             {1, 2, 3})])
+
+
+NAS_RUNS = (("nas", "accuracy"), ("nas_log_likelihood", "log-likelihood"),
+            ("nas_log_likelihood_fair", "log-likelihood, fair sampler"))
+
+
+def nas_section() -> str:
+  rows = []
+  for name, label in NAS_RUNS:
+    for s in load(name)["seeds"]:
+      rows.append([s["seed"], label, _f(s["kendall_tau"], 3),
+                   _f(s["compute_ratio"], 4), _f(s["best_test"], 4),
+                   _f(s["top3_best_test"], 4), _f(s["top1_test"], 4),
+                   _f(s["exhaustive_pick_test"], 4),
+                   _f(s["retrained_pick_test"], 4),
+                   _f(s["random_search"]["mean"], 4),
+                   _f(s["steering"]["top1_test"], 4)])
+  d = load("nas")
+  return "\n\n".join([
+      "## One-shot NAS",
+      "`python -m benchmarks.nas`, `--score=log_likelihood` and "
+      "`--schedule=fair` (results `benchmarks/results/nas*.json`): the "
+      f"`{d['space']}` space on sklearn's digits, every sub-graph trained "
+      f"stand-alone for {d['epochs']} epochs, the super-network for "
+      f"1/{d['fraction']} of that compute; test accuracies. `random "
+      "search` is the mean test accuracy of random search's pick at the "
+      "same compute as one-shot plus the top-3 retraining.",
+      _table(["seed", "one-shot score", "Kendall tau", "compute",
+              "best in space", "best of top-3", "top-1", "exhaustive pick",
+              "top-3 retrained pick", "random search", "steered top-1"],
+             rows, set(range(2, 11))),
+      "![one-shot vs stand-alone](../benchmarks/results/"
+      "nas_log_likelihood.png)"])
+
+
+def _fault_rows(d: dict) -> list[list]:
+  rows = []
+  for r in d["faults"]["records"]:
+    rows.append([r["fault"], r["worker"],
+                 f"{r['detected']} ({r['detected_worker']})",
+                 _f(r["detected_s"], 2, " s"), _f(r["teardown_s"], 2, " s"),
+                 _f(r["restart_s"], 1, " s"), r["steps_lost"],
+                 r["steps_recomputed"],
+                 "yes" if r["final_loss_matches"] else "NO"])
+  return rows
+
+
+def scale_section() -> str:
+  d = load("scale")
+  ck, mon = d["checkpoint"], d["monitoring"]
+  med = ck["median_s"]
+  steps = mon["median_step_s"]
+  watch = d["faults"]["watch"]
+  st = d["stragglers"]
+  srows = []
+  for r in st["rows"]:
+    srows.append([r["delay"], r["side"],
+                  _f(100 * r["detection_rate"], 0, " %"),
+                  _f(100 * r["false_alarm_rate"], 0, " %"),
+                  ("never" if r["first_detection_step"] is None else
+                   f"step {r['first_detection_step']} "
+                   f"({r['first_detection_s']:.2f} s)"),
+                  _f(r["median_late_ms"], 1, " ms")])
+  return "\n\n".join([
+      "## Training at scale",
+      "`python -m benchmarks.scale` (`benchmarks/results/scale.json`).",
+      _table(["measurement", "tfopt", "baseline", "ratio"], [
+          [f"training blocked by a checkpoint of {ck['params'] / 1e6:.1f} M "
+           f"parameters + Adam state, median of {ck['repeats']}",
+           f"{1e3 * med['two_stage_blocking_s']:.0f} ms (two-stage)",
+           f"{1e3 * med['synchronous_s']:.0f} ms (synchronous: write, hash, "
+           "fsync)", f"{ck['blocking_ratio']:.1f}x less"],
+          ["the same against Keras' `save_weights` (no fsync, no hash)",
+           f"{1e3 * med['two_stage_blocking_s']:.0f} ms",
+           f"{1e3 * med['keras_save_weights_s']:.0f} ms",
+           f"{med['keras_save_weights_s'] / med['two_stage_blocking_s']:.1f}"
+           "x less"],
+          ["step time with `MFUMonitor`",
+           f"{1e3 * steps['with_mfu_monitor']:.2f} ms",
+           f"{1e3 * steps['without']:.2f} ms without",
+           f"{100 * mon['overhead']:+.1f} %"],
+          ["step time with all per-batch callbacks",
+           f"{1e3 * steps['with_all_callbacks']:.2f} ms",
+           f"{1e3 * steps['without']:.2f} ms without",
+           f"{100 * mon['overhead_all']:+.1f} %"]], {1, 2, 3}),
+      "Fault matrix: `experiments/scale_train.py` on 2 workers under the "
+      f"launcher's watch (heartbeat timeout {watch['heartbeat_timeout_s']} "
+      f"s, stuck after {watch['stuck_factor']:.0f} median step times but at "
+      f"least {watch['min_stuck_s']} s):",
+      _table(["fault", "worker", "detected as", "detection", "teardown",
+              "restart to first step", "steps lost or repeated",
+              "steps recomputed", "final loss = unfaulted"],
+             _fault_rows(d), {1, 3, 4, 5, 6, 7}),
+      f"Stragglers: the same job, {st['steps']} steps, phases exchanged "
+      f"every {st['exchange_every']} steps, a delay on worker 1 (healthy "
+      f"step {st['healthy_step_ms']:.1f} ms):",
+      _table(["worker 1 delay", "scored on", "exchanges naming worker 1",
+              "naming worker 0", "first named", "measured lateness"], srows,
+             {2, 3, 5})])
+
+
+def fit_section() -> str:
+  d = load("fit_across_devices")
+  rows, refused = [], []
+  for r in d["rows"]:
+    label = [_model(r["model"]), r["kind"], r["devices"], r["cap_fraction"]]
+    if not r["feasible"]:
+      refused.append(label)
+      continue
+    pred, meas = max(r["predicted_peak_mb"]), max(r["measured_peak_mb"])
+    rows.append(label + [
+        r["placer"], _f(r["state_mb"], 1), _f(r["cap_mb"], 1),
+        _f(pred, 1), _f(meas, 1), _f(meas / pred),
+        _f(max(r["os_peak_mb"]), 0) if r.get("os_peak_mb") else "",
+        f"{r['step_ms']:.1f} ({r['predicted_step_ms']:.1f}), "
+        f"{r['plain_step_ms']:.1f}",
+        "equal" if r["losses_equal"] else "DIFFER"])
+  return "\n\n".join([
+      "## Fitting across devices",
+      "`python -m benchmarks.fit_across_devices` "
+      "(`benchmarks/results/fit_across_devices.json`): each model trained "
+      "placed on logical CPUs and on capped server processes (OS cap: "
+      f"the plan's cap + {d['server_allowance_mib']:.0f} MiB), at caps that "
+      "are fractions of its one-device peak, each against plain Keras. "
+      "Memory is TensorFlow's allocation records per device (max over "
+      "devices); `OS MB` is a server's cgroup peak over the whole fit.",
+      _table(["model", "kind", "devices", "cap", "placer", "state MB",
+              "cap MB", "predicted MB", "measured MB", "meas / pred",
+              "OS MB", "step ms: measured (predicted), plain Keras",
+              "losses vs plain Keras"], rows, {2, 3, 5, 6, 7, 8, 9, 10}),
+      "Refused before training (the live-memory bound or no plan found; "
+      "the message names the bound and the fewest devices that would do): "
+      + "; ".join(f"{m} {k} x{n} at {c}" for m, k, n, c in refused) + "."])
+
+
+def runtime_section() -> str:
+  d = load("runtime")
+  fusion = [[_model(r["model"]), r["step"], _f(r["unfused_ms"]),
+             _f(r["fused_ms"]), _f(r["speedup"], 2, "x"), r["fused_ops"]]
+            for r in d["fusion"]]
+  placed = []
+  for r in d["placed"]:
+    placed.append([
+        _model(r["model"]), r["config"], r["placer"],
+        _f(r["one_device_ms"], 1), _f(r["placed_ms"], 1),
+        _f(r["placed_over_one"]), _f(r["simulated_before_ms"], 1),
+        _f(r["measured_over_simulated_before"]),
+        _f(r["simulated_after_ms"], 1),
+        f"**{r['measured_over_simulated_after']:.2f}**",
+        _f(r["profile_level"]), r["measured_select"],
+        _f(r["measured_select_over_one"])])
+  sp = d["speedup"]
+  pipe = []
+  for r in d["pipeline"]:
+    by = {p["pass"]: p for p in r["passes"]}
+    pipe.append([_model(r["model"]), f"{r['nodes']:,}",
+                 _f(r["pipeline_s"], 1), _f(by["fold"]["seconds"], 1),
+                 by["fuse"]["note"], _f(by["coarsen"]["seconds"], 1),
+                 _f(by["place"]["seconds"], 1), r["placer"]])
+  within = sum(abs(r["measured_over_simulated_after"] - 1) <= 0.25
+               for r in d["placed"])
+  return "\n\n".join([
+      "## Running placed graphs",
+      f"`python -m benchmarks.runtime` (TensorFlow {d['tensorflow']}, "
+      f"{d['cpu_count']} cpus; `benchmarks/results/runtime.json`; "
+      "each placed configuration checked first: losses and variables equal "
+      "to one device, every op where planned).",
+      f"Fusion, fused vs unfused graph in the same process, median of "
+      f"{d['rounds']} rounds:",
+      _table(["model", "step", "unfused ms", "fused ms", "speed-up",
+              "fused ops"], fusion, {2, 3, 4, 5}),
+      "The calibrations the simulator used (`tfopt-calibrate`), one per "
+      "kind of cluster:",
+      "\n".join(f"- {k}: {v}" for k, v in d["calibrations"].items()),
+      "Per model and configuration: the plan `select=\"simulated\"` picks "
+      "on the calibrated cluster, timed against one device in interleaved "
+      "rounds; its step simulated before calibration (Baechi's link model) "
+      "and after; `level` is the measured clock over the profile's; and the "
+      "plan `select=\"measured\"` picks.",
+      _table(["model", "config", "plan (simulated)", "one ms", "placed ms",
+              "/one", "sim before ms", "meas/sim", "sim after ms",
+              "meas/sim", "level", "plan (measured)", "/one"], placed,
+             {3, 4, 5, 6, 7, 8, 9, 10, 12}),
+      f"Within 25 % of the clock after calibration: {within} of "
+      f"{len(d['placed'])} rows.",
+      f"The real speed-up (`tfopt.runtime.speedup`, the towers model on 2 "
+      f"tasks pinned to a core each, placer {sp['placer']}): "
+      f"**{sp['speedup']:.2f}x** over one pinned task "
+      f"({sp['placed_us'] / 1e3:.1f} ms against "
+      f"{sp['one_task_us'] / 1e3:.1f} ms; predicted "
+      f"{sp['predicted_us'] / 1e3:.1f} and "
+      f"{sp['predicted_one_us'] / 1e3:.1f} ms). Against one process using "
+      f"both cores ({sp['both_cores_us'] / 1e3:.1f} ms) the placed step runs "
+      f"at {sp['versus_both_cores']:.2f}x its speed: on this machine, "
+      "placing across processes buys a speed-up only against a one-core "
+      "device.",
+      "Pass pipeline `prune,identity,fold,fuse,coarsen,place` on Keras "
+      "applications' training graphs (placement on 4 devices, analytic "
+      "costs):",
+      _table(["model", "nodes", "pipeline s", "fold s", "fuse", "coarsen s",
+              "place s", "placer"], pipe, {1, 2, 3, 5, 6})])
+
+
+SECTIONS = (capture_section, placement_section, runtime_section,
+            fit_section, optimizers_section, moe_section, nas_section,
+            scale_section)
+
+
+def guide() -> str:
+  """docs/benchmarks.md, whole."""
+  head = ("# Measured results\n\n"
+          "Generated by `tools/benchmark_pages.py` from "
+          "`benchmarks/results/*.json`; do not edit by hand. Each section "
+          "names the command that measures it; rerun it, then the script. "
+          "Every run is on the machine named in its section (CI's kind: a "
+          "2-core x86_64 VM whose speed varies by up to ~1.7x within "
+          "minutes, which is why the benchmarks alternate candidates and "
+          "report ratios).")
+  return "\n\n".join([head] + [s() for s in SECTIONS]) + "\n"
+
+
+# ------------------------------------------------------------- headline
+
+def headline() -> str:
+  """README's table: one row per claim, ours vs the anchor as a ratio."""
+  pl = load("placement")
+  ref = [r for r in pl["rows"] if r.get("reference_best_ms")]
+  ref_only_ours = [r for r in pl["rows"]
+                   if "reference_placer" in r and r["workload"] in WORKLOADS
+                   and not r.get("reference_best_ms") and r["feasible"]]
+  big = [r for r in pl["rows"] if r["workload"] == "synthetic_20000"
+         and r.get("seconds_vs_reference")]
+  rt = load("runtime")
+  within = sum(abs(r["measured_over_simulated_after"] - 1) <= 0.25
+               for r in rt["placed"])
+  sp = rt["speedup"]
+  fit = [r for r in load("fit_across_devices")["rows"]
+         if r["model"] == "demo" and r["kind"] == "processes"
+         and r["feasible"]][0]
+  opt = load("optimizers")
+  conv = opt["convergence"]["summary"]
+  lower = sum(int(r["cwd_lower_loss_seeds"].split("/")[0]) for r in conv)
+  paired = sum(int(r["cwd_lower_loss_seeds"].split("/")[1]) for r in conv)
+  moe = load("moe_pruning")
+  s50 = moe["summary"]["50%"]
+  dist = moe["distillation"]
+  taus = [s["kendall_tau"] for name, _ in NAS_RUNS[:2]
+          for s in load(name)["seeds"]]
+  sc = load("scale")
+  faults = sc["faults"]["records"]
+  clean = sum(r["steps_lost"] == 0 and r["final_loss_matches"]
+              for r in faults)
+  cap = load("capture")["rows"]
+  rows = [
+      ["placement quality: `auto` vs the Baechi reference's best valid plan "
+       "(4 devices, shipped workloads; reference figures are constants, "
+       "see the guide)",
+       f"makespan {_span([r['vs_reference'] for r in ref])}x of the "
+       f"reference's on its {len(ref)} rows; a plan on "
+       f"{len(ref_only_ours)} more where it has none",
+       "`python -m benchmarks.placement`"],
+      ["placement time at 20,000 ops vs the reference's m-ETF",
+       f"{_span([r['seconds_vs_reference'] for r in big])}x its time",
+       "`python -m benchmarks.placement`"],
+      ["simulated vs measured placed step (calibrated)",
+       f"within 25 % on {within} of {len(rt['placed'])} rows",
+       "`python -m benchmarks.runtime`"],
+      ["two-tower model on 2 pinned tasks vs 1",
+       f"{sp['speedup']:.2f}x faster (vs one process on both cores: "
+       f"{sp['versus_both_cores']:.2f}x)", "`python -m benchmarks.runtime`"],
+      ["a model larger than one device: state "
+       f"{fit['state_mb']:.1f} MB on {fit['devices']} capped server "
+       f"processes of {fit['cap_mb']:.1f} MB",
+       "losses equal to plain Keras'" if fit["losses_equal"] else "DIFFER",
+       "`python -m benchmarks.fit_across_devices`"],
+      ["CWD optimizers' step time vs Keras' AdamW / Lion / Muon (XLA)",
+       f"{_span([r['ratio'] for r in opt['overhead'] if r['optimizer'] in ('adamw', 'lion', 'muon')])}x",
+       "`python -m benchmarks.optimizers`"],
+      ["CWD vs decoupled decay, final training loss",
+       f"{_span([r['loss_ratio'] for r in conv], 3)}x; lower in {lower} "
+       f"of {paired} paired runs", "`python -m benchmarks.optimizers`"],
+      ["MoE-Pruner vs Wanda at 50 %, perplexity / dense",
+       f"{s50['moe_pruner']['mean_ratio']:.3f} vs "
+       f"{s50['wanda']['mean_ratio']:.3f} (SparseGPT "
+       f"{s50['sparsegpt']['mean_ratio']:.3f})",
+       "`python -m benchmarks.moe_pruning`"],
+      ["expert-wise distillation vs plain fine-tuning after pruning, gap "
+       "closed",
+       f"{100 * dist['pruned_distilled']['gap_closed']:.1f} % vs "
+       f"{100 * dist['pruned_finetuned']['gap_closed']:.1f} %",
+       "`python -m benchmarks.moe_pruning`"],
+      ["one-shot NAS: Kendall tau vs stand-alone training, at "
+       f"1/{load('nas')['fraction']} of its compute",
+       f"{_span(taus, 2)} over seeds and scores", "`python -m benchmarks.nas`"],
+      ["training blocked by a checkpoint vs a synchronous save",
+       f"{sc['checkpoint']['blocking_ratio']:.1f}x less",
+       "`python -m benchmarks.scale`"],
+      ["step time with all of tfopt's per-batch callbacks",
+       f"{100 * sc['monitoring']['overhead_all']:+.1f} %",
+       "`python -m benchmarks.scale`"],
+      ["faults survived (kill, SIGSTOP, stuck, SIGTERM on each of 2 "
+       "workers)", f"{clean} of {len(faults)}: 0 steps lost, final loss "
+       "equal to the unfaulted run", "`python -m benchmarks.scale`"],
+      ["step capture vs Keras' first traced step",
+       f"{_span([r['capture_vs_keras_first_step'] for r in cap])}x its time",
+       "`python -m benchmarks.capture`"],
+  ]
+  return _table(["claim", "measured", "command"], rows)
+
+
+def readme_block() -> str:
+  return (f"{BEGIN}\n{headline()}\n\nEvery table, with the machine and "
+          "method of each: [docs/benchmarks.md](docs/benchmarks.md), written "
+          "by `tools/benchmark_pages.py` from `benchmarks/results/*.json`."
+          f"\n{END}")
+
+
+def render_readme(text: str) -> str:
+  """README with its benchmarks block replaced by the rendering."""
+  if BEGIN not in text or END not in text:
+    raise ValueError(f"README.md has no {BEGIN!r} ... {END!r} block")
+  head, rest = text.split(BEGIN, 1)
+  return head + readme_block() + rest.split(END, 1)[1]
+
+
+def pages() -> dict[pathlib.Path, str]:
+  """Each generated page's path and its text as it should be committed."""
+  return {GUIDE: guide(),
+          README: render_readme(README.read_text(encoding="utf-8"))}
+
+
+def main(argv: list[str]) -> int:
+  stale = [p for p, text in pages().items()
+           if not p.exists() or p.read_text(encoding="utf-8") != text]
+  if "--check" in argv:
+    for p in stale:
+      print(f"{p.relative_to(ROOT)} is not tools/benchmark_pages.py's "
+            "rendering of benchmarks/results: run it")
+    return 1 if stale else 0
+  for p, text in pages().items():
+    p.write_text(text, encoding="utf-8")
+  print("wrote", ", ".join(str(p.relative_to(ROOT)) for p in pages()))
+  return 0
+
+
+if __name__ == "__main__":
+  sys.exit(main(sys.argv[1:]))
