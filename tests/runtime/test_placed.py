@@ -14,9 +14,10 @@ from tfopt import zoo
 from tfopt.cost.profile import profile_step
 from tfopt.graph import capture_train_step
 from tfopt.passes import PassContext, PassError, PassManager, apply_placement
-from tfopt.runtime import (LoopbackServers, actual_devices, check_prediction,
-                           compare_runs, compile_step, local_cluster,
-                           run_steps, session_config, verify_devices)
+from tfopt.runtime import (LoopbackServers, StepSession, actual_devices,
+                           check_prediction, compare_runs, compile_step,
+                           fit_cluster, local_cluster, run_steps,
+                           session_config, verify_devices)
 from tfopt.scale.launch import _proc_state
 
 
@@ -87,13 +88,39 @@ def test_xla_on_one_device_compiles_and_computes_the_same(cnn):
 
 def test_prediction_is_measured_beside_the_simulation(cnn):
   step, batches, costs = cnn
-  cluster = local_cluster(2)
+  # The simulator is given this machine's link, core sharing and per-op
+  # overhead (fit_cluster, 2-3 s here): uncalibrated, it predicted 7.9-18
+  # ms for this step, measured at 4-13 ms (ratio 0.25-0.73, 9 runs).
+  fit = fit_cluster("logical", 2, progress=False)
+  cluster = fit.applied_to(local_cluster(2))
   graph, ctx = _placed(step, costs, cluster)
-  cal = check_prediction(step, graph, costs, cluster, batches[0], repeats=3,
-                         warmup=1, fused=ctx.fused)
+  cal = check_prediction(step, graph, costs, cluster, batches[0], repeats=10,
+                         warmup=3, fused=ctx.fused)
   predicted = ctx.results["placement"].makespan_us
   assert cal.predicted_us == pytest.approx(predicted, rel=1e-9)
-  assert 0 < cal.measured_us < 10e6 and np.isfinite(cal.ratio)
+  # Measured / predicted: 0.99-1.51 over 5 runs here (step 4.7-6.5 ms,
+  # predicted 4.2-4.8 ms), on a machine whose speed jumps 1.7x between
+  # moments. Measuring nothing (0), the first run with its executors'
+  # build (20-40 ms) or ten steps for one falls outside.
+  assert 0.5 < cal.ratio < 3.0, (cal, fit.describe())
+  # The same step unplaced on one device, timed here by hand: the placed
+  # step took 1.3-2.0x its time (2.8-4.2 ms; 5 runs; the two logical
+  # devices share the two cores and add hand-overs); two devices cannot
+  # make it more than 2x faster.
+  with StepSession(step) as session:
+    for _ in range(3):
+      session.run(batches[0])
+    seconds = []
+    for _ in range(10):
+      began = time.perf_counter()
+      session.run(batches[0])
+      seconds.append(time.perf_counter() - began)
+  one_device_us = float(np.median(seconds)) * 1e6
+  assert 0.5 < cal.measured_us / one_device_us < 4.0, (cal, one_device_us)
+  print(f"measured {cal.measured_us:.0f} us, predicted "
+        f"{cal.predicted_us:.0f} us (ratio {cal.ratio:.3f}), one device "
+        f"{one_device_us:.0f} us (placed / one "
+        f"{cal.measured_us / one_device_us:.3f}), {fit.describe()}")
   with pytest.raises(ValueError, match="repeats"):
     check_prediction(step, graph, costs, cluster, batches[0], repeats=0)
 
