@@ -55,3 +55,53 @@ def test_every_public_module_passes_the_checks():
   assert "tfopt.placement" in modules and "tfopt.cli" in modules
   assert not any(m.startswith("tfopt.cli.") for m in modules)
   assert docs.problems(modules) == []
+
+
+def _docs_site():
+  spec = importlib.util.spec_from_file_location(
+      "docs_site", ROOT / "tools" / "docs_site.py")
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  return module
+
+
+def test_site_pages_render_and_every_link_resolves(tmp_path):
+  """README and each guide become pages of one site whose links all land
+  (files and #anchors), the pictures copied beside them."""
+  site = _docs_site()
+  pages = site.write_pages(tmp_path, api=False)
+  guides = sorted(p.stem for p in (ROOT / "docs").glob("*.md"))
+  assert [p.name for p in pages] == ["index.html"] + [
+      f"{g}.html" for g in guides]
+  assert site.broken_links(pages) == []
+  landing = (tmp_path / "index.html").read_text()
+  # README's links to guides point at the guides' pages, with anchors.
+  assert 'href="guides/compile.html"' in landing
+  assert "<table>" in landing  # the generated tables render as tables
+  for guide in guides:
+    assert f'href="../guides/{guide}.html"' in (
+        tmp_path / "guides" / "compile.html").read_text()  # the nav bar
+
+
+def test_broken_links_are_named(tmp_path):
+  site = _docs_site()
+  (tmp_path / "b.html").write_text('<h2 id="there">x</h2>')
+  page = tmp_path / "a.html"
+  page.write_text('<a href="b.html#there">ok</a> <a href="b.html#gone">x</a>'
+                  ' <a href="c.html">x</a> <img src="p.png">'
+                  ' <a href="https://example.org/x">ext</a>'
+                  ' <a href="#self">x</a><h1 id="self">a</h1>')
+  assert site.broken_links([page]) == [
+      "a.html: b.html#gone: no such anchor", "a.html: c.html: no such file",
+      "a.html: p.png: no such file"]
+
+
+def test_links_are_rewritten_for_the_site():
+  site = _docs_site()
+  assert site._relink("[g](docs/x.md#a) [p](docs/y.png) [w](https://a.b/c.md)",
+                      landing=True) == (
+                          "[g](guides/x.html#a) [p](guides/y.png) "
+                          "[w](https://a.b/c.md)")
+  assert site._relink("[r](../README.md#s) [o](other.md) [i](#here)",
+                      landing=False) == (
+                          "[r](../index.html#s) [o](other.html) [i](#here)")

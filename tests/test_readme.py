@@ -1,11 +1,15 @@
-"""README's commands run as written (each in a fresh process).
+"""README's and the guides' (docs/*.md) commands run as written (each in
+a fresh process).
 
-- Every ```sh block runs, its commands in order, with /tmp/ paths moved
+- Every ```sh block of README.md and docs/*.md runs, its commands in order, with /tmp/ paths moved
   into the test's temporary directory; each command's output is checked
   against what the README (and the config's docstring) says it prints.
   `make demo-cnn` runs the Makefile's recipe; `make demo` (minutes) is
   tests/test_demo.py's, with --quick; `make test` is this suite.
-- Every other command named in the README, in a config's docstring or in a
+- Every ```python block compiles; README's `tfopt.compile` quickstart and
+  two guide examples (the clock, the hook) run.
+- Every other command named in the README or a guide, in a config's
+  docstring or in a
   script's docstring (the longer runs and the benchmarks, minutes each) is
   parsed by its script: the module imports, every flag exists and takes its
   value, and a --config file loads with known keys.
@@ -26,6 +30,9 @@ from tfopt.cli import COMMANDS
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 README = (ROOT / "README.md").read_text(encoding="utf-8")
+# What a reader runs: README, then each guide.
+PAGES = [ROOT / "README.md"] + sorted((ROOT / "docs").glob("*.md"))
+DOCS = "\n".join(p.read_text(encoding="utf-8") for p in PAGES)
 CONFIGS = sorted(p for p in (ROOT / "experiments" / "configs").glob("*.py")
                  if p.name != "__init__.py")
 # The console scripts' modules, and the research scripts beside the configs.
@@ -44,7 +51,7 @@ def _command_name(script: pathlib.Path) -> str:
 
 
 def _python_block(heading: str) -> str:
-  section = README[README.index(heading):]
+  section = DOCS[DOCS.index(heading):]
   start = section.index("```python\n") + len("```python\n")
   return section[start:section.index("```", start)]
 
@@ -62,7 +69,7 @@ def _commands(text: str) -> list[str]:
 
 
 def _sh_blocks() -> list[list[str]]:
-  return [_commands(b) for b in re.findall(r"```sh\n(.*?)```", README,
+  return [_commands(b) for b in re.findall(r"```sh\n(.*?)```", DOCS,
                                            flags=re.S)]
 
 
@@ -75,7 +82,7 @@ def _docstring_commands(path: pathlib.Path) -> list[str]:
 
 def _inline_commands() -> list[str]:
   return [" ".join(c.split()) for c in re.findall(
-      r"`((?:python\s+-m|tfopt-[a-z-]+)\s[^`]+)`", README)]
+      r"`((?:python\s+-m|tfopt-[a-z-]+)\s[^`]+)`", DOCS)]
 
 
 def _run(command: str, tmp: pathlib.Path) -> subprocess.CompletedProcess:
@@ -150,7 +157,7 @@ def test_readme_shell_block_runs(index, tmp_path):
   for command in _sh_blocks()[index]:
     if command == "make test":
       continue  # this suite
-    if command == "make demo":
+    if command == "make demo" or command.startswith("tfopt-demo "):
       continue  # tests/test_demo.py runs its recipe (--quick)
     done = _run(command, tmp_path)
     assert done.returncode == 0, (command, done.stderr[-3000:])
@@ -255,7 +262,7 @@ def test_command_extraction_oracle():
 
 @pytest.mark.slow
 def test_clock_example_runs(tmp_path):
-  code = _python_block("### Placement judged by the clock")
+  code = _python_block("## Placement judged by the clock")
   assert 'select="measured"' in code and "fit_cluster" in code
   code = code.replace("/tmp/", f"{tmp_path}/").replace(
       "epochs=2)", "epochs=1, verbose=0)")
@@ -267,9 +274,33 @@ def test_clock_example_runs(tmp_path):
   assert "cluster: calibrated logical x2" in done.stdout
 
 
+def test_every_python_block_compiles():
+  """A guide's fragment may lean on the block before it, but it parses."""
+  blocks = re.findall(r"```python\n(.*?)```", DOCS, flags=re.S)
+  assert len(blocks) > 15
+  for block in blocks:
+    compile(block, "<python block>", "exec")
+
+
+@pytest.mark.slow
+def test_readme_quickstart_runs():
+  """The first code a reader meets, within README's first screen."""
+  assert README.index("```python") < len("\n".join(
+      README.splitlines()[:60]))
+  code = _python_block("## Quickstart: `tfopt.compile`")
+  assert len(code.strip().splitlines()) <= 15, "README's example grew"
+  code = code.replace("epochs=2)", "epochs=1, verbose=0)")
+  done = subprocess.run([sys.executable, "-c", code], cwd=ROOT,
+                        capture_output=True, text=True, timeout=600,
+                        check=False)
+  assert done.returncode == 0, done.stderr[-3000:]
+  assert "verified on the first batch" in done.stdout, done.stdout[-3000:]
+  assert "placement" in done.stdout
+
+
 @pytest.mark.slow
 def test_compile_hook_example_runs():
-  code = _python_block("### Optimize an existing Keras script")
+  code = _python_block("## Optimize an existing Keras script")
   assert "tfopt.compile(" in code and "model.fit(" in code
   code = code.replace("epochs=2)", "epochs=1, verbose=0)")
   done = subprocess.run([sys.executable, "-c", code], cwd=ROOT,

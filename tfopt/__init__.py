@@ -2,32 +2,27 @@
 
 One tool for the three walls of training a TensorFlow/Keras model: it does
 not fit one device, it trains slowly or unstably at scale, it is bigger than
-it needs to be. The capabilities, their modules and README's quickstarts:
+it needs to be. The capabilities, their modules and their guides (docs/):
 
 - **Capture and cost a step**: `tfopt.graph` (`OpGraph`, the shipped
   workloads: `tfopt.graph.load_workload`), `tfopt.cost` (profiled or
   analytic costs, communication models), `tfopt.cluster` (devices, caps,
   links, core sharing), `tfopt.calibration` (a machine's fitted numbers).
-  README: "Capture a training step", "Cost it: profile, or estimate".
+  Guide: docs/placement.md.
 - **Placement (Baechi)**: `tfopt.placement` (m-TOPO, m-ETF, m-SCT, m-stage,
   m-branch, exact CP-SAT, the `auto` portfolio), `tfopt.simulate` (the one
   simulator), `tfopt.passes` (GraphDef rewrites), `tfopt.runtime` (placed
-  steps run for real, across processes too). README: "Place a graph on
-  memory-limited devices", "Placement judged by the clock".
+  steps run for real, across processes too). Guide: docs/placement.md.
 - **The Keras hook**: `tfopt.compile` (fusion, placement, variables moved
-  to their planned devices, XLA). README: "Optimize an existing Keras
-  script: tfopt.compile", "Models that do not fit one device".
+  to their planned devices, XLA). Guide: docs/compile.md.
 - **Cautious Weight Decay optimizers**: `tfopt.optimizers` (CautiousAdamW,
-  CautiousLion, CautiousMuon). README: "Train with Cautious Weight Decay".
-- **MoE pruning (MoE-Pruner)**: `tfopt.pruning`. README: "Prune a
-  mixture-of-experts model".
-- **One-shot NAS with visual steering**: `tfopt.nas`. README: "Search
-  architectures once, with the analyst in the loop".
+  CautiousLion, CautiousMuon). Guide: docs/optimizers.md.
+- **MoE pruning (MoE-Pruner)**: `tfopt.pruning`. Guide: docs/pruning.md.
+- **One-shot NAS with visual steering**: `tfopt.nas`. Guide: docs/nas.md.
 - **Training at scale (MegaScale's lessons)**: `tfopt.scale` (MFU,
-  stragglers, heartbeats, restarts). README: "Measure MFU", "Train on
-  several workers, with restarts".
-- **Export**: `tfopt.export` (SavedModel for TF Serving). README: "Export
-  for TF Serving".
+  stragglers, heartbeats, restarts). Guide: docs/scale.md.
+- **Export**: `tfopt.export` (SavedModel for TF Serving). Guide:
+  docs/export.md.
 - **Command-line tools**: `tfopt.cli` (`tfopt-place`, `tfopt-train`, ...).
 """
 

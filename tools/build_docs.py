@@ -1,13 +1,19 @@
-"""Builds tfopt's API reference from the docstrings (pdoc), after checking
-them: every public module has a docstring, every name a package exports in
-`__all__` exists (a broken reference fails) and, when it is a class or
-function, has a docstring of its own.
+"""Builds tfopt's documentation site: README as the landing page, the
+guides of docs/ (the benchmark page included) and the API reference from
+the docstrings (pdoc, under api/), one navigation bar over all
+(tools/docs_site.py). Before building it checks the docstrings: every
+public module has a docstring, every name a package exports in `__all__`
+exists (a broken reference fails) and, when it is a class or function, has
+a docstring of its own. After building, every link of the README and guide
+pages must resolve (file and #anchor), or the build fails. Where Chromium
+is installed it also takes headless screenshots of the landing page and a
+guide (`screenshots/`), so a person can look at what a reader sees.
 
     python tools/build_docs.py --out=build/docs     # what `make docs` runs
     python tools/build_docs.py --check              # the checks alone
 
 The landing page is `tfopt`'s docstring: one line per capability, with its
-modules and README's quickstart.
+modules and its guide in docs/.
 """
 
 from __future__ import annotations
@@ -66,7 +72,7 @@ def problems(modules: list[str]) -> list[str]:
 def main(argv: list[str]) -> int:
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   parser.add_argument("--out", default="build/docs",
-                      help="Folder for the HTML reference.")
+                      help="Folder for the site.")
   parser.add_argument("--check", action="store_true",
                       help="Only check the docstrings; write nothing.")
   args = parser.parse_args(argv)
@@ -85,7 +91,7 @@ def main(argv: list[str]) -> int:
   pdoc.render.configure(docformat="google", show_source=False)
   with warnings.catch_warnings(record=True) as caught:
     warnings.simplefilter("always")
-    pdoc.pdoc(*modules, output_directory=pathlib.Path(args.out))
+    pdoc.pdoc(*modules, output_directory=pathlib.Path(args.out) / "api")
   pdoc_problems = [str(w.message) for w in caught
                    if w.filename.startswith(os.path.dirname(pdoc.__file__))
                    # A package without __all__ brings its submodules along,
@@ -95,8 +101,39 @@ def main(argv: list[str]) -> int:
     print(f"pdoc: {line}", file=sys.stderr)
   if pdoc_problems:
     return 1
-  print(f"API reference of {len(modules)} modules: {args.out}/index.html")
+  sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
+  import docs_site  # pylint: disable=g-import-not-at-top
+  out = pathlib.Path(args.out)
+  pages = docs_site.write_pages(out, api=True)
+  broken = docs_site.broken_links(pages)
+  for line in broken:
+    print(f"broken link: {line}", file=sys.stderr)
+  if broken:
+    return 1
+  _screenshots(out)
+  print(f"site: {out}/index.html ({len(pages)} pages; API reference of "
+        f"{len(modules)} modules under {out}/api)")
   return 0
+
+
+def _screenshots(out: pathlib.Path) -> None:
+  """Headless Chromium pictures of the landing page and a guide, where
+  Debian's Chromium is installed (not needed in CI)."""
+  import shutil  # pylint: disable=g-import-not-at-top
+  import subprocess  # pylint: disable=g-import-not-at-top
+  browser = shutil.which("chromium") or shutil.which("chromium-browser")
+  if browser is None:
+    print("no Chromium here: no screenshots")
+    return
+  (out / "screenshots").mkdir(exist_ok=True)
+  for page in ("index.html", "guides/compile.html"):
+    png = out / "screenshots" / (page.replace("/", "_")[:-5] + ".png")
+    subprocess.run([browser, "--headless", "--no-sandbox", "--disable-gpu",
+                    f"--screenshot={png}", "--window-size=1280,1600",
+                    (out / page).resolve().as_uri()],
+                   capture_output=True, timeout=120, check=False)
+    print(f"screenshot: {png}" if png.exists() else
+          f"Chromium wrote no screenshot of {page}")
 
 
 if __name__ == "__main__":
