@@ -9,7 +9,7 @@ per device the busy time, how much longer the kernels ran than the
 simulator's durations (devices that share cores stretch them), the ops that
 ran longest over, and the transfers: how many, how long, how many in flight
 at once. This is how the simulator's sharing, overlap and control-message
-models were found (see README, "Placement judged by the clock").
+models were found (docs/placement.md, "Placement judged by the clock").
 """
 
 from __future__ import annotations
