@@ -53,6 +53,9 @@ def test_state_twice_a_device_trains_with_fit_on_four_devices(across):
   assert across["variable_devices"]["dense_7/kernel"].endswith("CPU:3")
   assert "moved to the plan's devices" in across["report"]
   assert "measured" in across["report"]
+  # Logical CPUs' caps are the plan's, not the allocator's: the step was
+  # profiled whole on one of them (no first plan needed to profile it).
+  assert "profiled on this machine (one device)" in across["report"]
 
 
 @pytest.mark.slow

@@ -405,8 +405,11 @@ class _OptimizedTrainFunction:
 
   def _costs(self, step, key, inputs, ctx):
     """The step profiled once per model and input signature: on one device
-    when it fits one by the analytic estimate and the devices are this
-    process's; else under a first plan (analytic costs) on the devices."""
+    when the devices are this process's and either the step fits one by the
+    analytic estimate or they are logical CPUs (whose caps bind the plan,
+    not TensorFlow's allocator: the whole step runs on one of them, as on
+    the process); else under a first plan (analytic costs) on the devices,
+    where a cap is real memory (server tasks under OS caps, GPUs)."""
     from tfopt.compile_placement import fits_one_device  # pylint: disable=g-import-not-at-top
     from tfopt.cost.profile import profile_step  # pylint: disable=g-import-not-at-top
     from tfopt.runtime.remote import is_remote  # pylint: disable=g-import-not-at-top
@@ -414,7 +417,8 @@ class _OptimizedTrainFunction:
     if key in cache:
       return cache[key]
     local = not any(is_remote(d) for d in self.devices)
-    if local and fits_one_device(step, self.memory_per_device):
+    if local and (all(_is_cpu(d) for d in self.devices)
+                  or fits_one_device(step, self.memory_per_device)):
       cache[key] = profile_step(step, inputs=inputs)
       return cache[key]
     first = dataclasses.replace(ctx, costs=None, results={}, choose=None)
@@ -445,6 +449,12 @@ class _OptimizedTrainFunction:
     keras_of = {id(v.value): v for v in keras_variables(self.model)}
     return {name: keras_of.get(id(var), var)
             for name, var in step.variables.items()}
+
+
+def _is_cpu(device: str) -> bool:
+  """Whether a device string names a CPU (of this process or not)."""
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  return (tf.DeviceSpec.from_string(device).device_type or "").upper() == "CPU"
 
 
 def _with_xla(step, inputs, graph, unmarked_run):
