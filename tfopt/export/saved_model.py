@@ -10,8 +10,10 @@
   3. checks it with `saved_model_cli show` (the tool TF Serving users run);
   4. reloads it and compares its outputs with the original's at two batch
      sizes;
-  5. optionally answers a PredictRequest through TF Serving's protos and
-     gRPC service in a local server (`tfopt.export.serving`);
+  5. optionally sends a PredictRequest built from TF Serving's protos over
+     gRPC to a local `PredictionService` servicer that tfopt runs on the
+     reloaded signature (`tfopt.export.serving`): the request/response
+     contract a TF Serving client uses, not the model server binary;
   6. renames the directory into place: the export appears whole or not at
      all, and an existing `path` is only replaced with `overwrite=True`.
 
@@ -360,8 +362,8 @@ def _compare_reloaded(export_dir: str, export: _Export, sizes, rtol: float,
 
 def _served_diff(path: str, export: _Export, size: int, rtol: float,
                  atol: float) -> float:
-  """A PredictRequest answered over TF Serving's gRPC API, compared with
-  the original; returns the max |diff|."""
+  """A PredictRequest (TF Serving's protos, over gRPC to tfopt's local
+  servicer) compared with the original; returns the max |diff|."""
   from tfopt.export.serving import predict_over_grpc  # pylint: disable=g-import-not-at-top
   batch = sample_batch(export.specs, size, seed=7)
   served = _max_diff(export.call(batch), predict_over_grpc(path, batch),
@@ -468,8 +470,9 @@ def saved_model(model_or_function: Any, path: str | os.PathLike, *,
     keep_placement: keep device strings (a placed export); loading it on
       other hardware then needs soft placement.
     batch_sizes: two (or more) batch sizes the reloaded model is compared at.
-    serving_check: also answer a PredictRequest over TF Serving's gRPC API
-      in a local server, after the SavedModel is written. None (default):
+    serving_check: also answer a PredictRequest of TF Serving's protos over
+      gRPC in a local servicer (not the model server binary), after the
+      SavedModel is written. None (default):
       where the `tensorflow-serving-api` package exists, else skipped with
       a warning saying how to get it; True: required (an ImportError when
       the package is missing, the SavedModel already written); False: skip.
