@@ -71,8 +71,8 @@ def test_site_pages_render_and_every_link_resolves(tmp_path):
   site = _docs_site()
   pages = site.write_pages(tmp_path, api=False)
   guides = sorted(p.stem for p in (ROOT / "docs").glob("*.md"))
-  assert [p.name for p in pages] == ["index.html"] + [
-      f"{g}.html" for g in guides]
+  assert sorted(p.name for p in pages) == sorted(["index.html"] + [
+      f"{g}.html" for g in guides])
   assert site.broken_links(pages) == []
   landing = (tmp_path / "index.html").read_text()
   # README's links to guides point at the guides' pages, with anchors.
@@ -105,3 +105,13 @@ def test_links_are_rewritten_for_the_site():
   assert site._relink("[r](../README.md#s) [o](other.md) [i](#here)",
                       landing=False) == (
                           "[r](../index.html#s) [o](other.html) [i](#here)")
+
+
+def test_code_spans_over_a_line_break_render_as_one():
+  site = _docs_site()
+  text = "a `x\ny` b ``F `n` must\nbe`` c\n```sh\nq `a\nb`\n```\n"
+  assert site._one_line_code_spans(text) == (
+      "a `x y` b ``F `n` must be`` c\n```sh\nq `a\nb`\n```\n")
+  page = site._page("run `tfopt-place\n--devices=2` now", landing=True,
+                    api=False)
+  assert "<code>tfopt-place --devices=2</code>" in page

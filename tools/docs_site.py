@@ -42,14 +42,25 @@ def _title(text: str) -> str:
   return re.sub(r"[`*]", "", first[2:]).strip()
 
 
+# The navigation bar's order and labels; a guide not named here follows
+# them under its own title.
+NAV = {"compile": "tfopt.compile", "placement": "Placement",
+       "optimizers": "Optimizers", "pruning": "MoE pruning", "nas": "NAS",
+       "scale": "Scale", "export": "Export", "demo": "make demo",
+       "compatibility": "Compatibility", "benchmarks": "Measured results",
+       "limits": "Limits", "development": "Development"}
+
+
 def _guides() -> list[pathlib.Path]:
-  return sorted(GUIDES.glob("*.md"))
+  order = list(NAV)
+  return sorted(GUIDES.glob("*.md"), key=lambda p: (
+      order.index(p.stem) if p.stem in NAV else len(order), p.stem))
 
 
 def _nav(prefix: str, api: bool) -> str:
-  links = [f'<a href="{prefix}index.html">tfopt</a>']
+  links = [f'<a href="{prefix}index.html"><b>tfopt</b></a>']
   for path in _guides():
-    title = _title(path.read_text(encoding="utf-8"))
+    title = NAV.get(path.stem) or _title(path.read_text(encoding="utf-8"))
     links.append(f'<a href="{prefix}guides/{path.stem}.html">'
                  f"{html.escape(title)}</a>")
   if api:
@@ -76,10 +87,23 @@ def _relink(markdown: str, *, landing: bool) -> str:
   return re.sub(r"(\]\s*)\(([^)\s]+)\)", fix, markdown)
 
 
+def _one_line_code_spans(markdown: str) -> str:
+  """Inline code spans joined onto one line: CommonMark (and GitHub) let a
+  span run over a line break, markdown2 does not."""
+  def join(match):
+    return match.group(0).replace("\n", " ")
+  parts = re.split(r"(^```.*?^```)", markdown, flags=re.S | re.M)
+  return "".join(
+      part if part.startswith("```") else
+      re.sub(r"(`+)(?!`)(.+?)(?<!`)\1(?!`)", join, part, flags=re.S)
+      for part in parts)
+
+
 def _page(markdown: str, *, landing: bool, api: bool) -> str:
   import markdown2  # pylint: disable=g-import-not-at-top
-  body = markdown2.markdown(_relink(markdown, landing=landing),
-                            extras=EXTRAS)
+  body = markdown2.markdown(
+      _one_line_code_spans(_relink(markdown, landing=landing)),
+      extras=EXTRAS)
   prefix = "" if landing else "../"
   return (f"<!doctype html>\n<html><head><meta charset=\"utf-8\">"
           f"<title>{html.escape(_title(markdown))}</title>"
