@@ -291,12 +291,34 @@ class _OptimizedTrainFunction:
     self.graph_defs[key] = graph
     if self.verbose:
       print(report.table())
+    self._summarize(report)
     if self.strategy is not None:
       run = _imported_step(step, on_worker(graph), variables)
       return compile_strategy.replica_train_function(self.model,
                                                      self.strategy, run, kept)
     run = _imported_step(step, graph, variables)
     return lambda batch: run(_tensors(batch))
+
+  def _summarize(self, report: HookReport) -> None:
+    """The report as text and, with a plan, its Gantt chart as an image,
+    into the TensorBoard of the fit this step is built in, if it has one
+    (`tfopt.summaries`): tags tfopt/compile/report, tfopt/compile/gantt."""
+    from tfopt import summaries  # pylint: disable=g-import-not-at-top
+    writer = summaries.for_fit(self.model)
+    if writer is None:
+      return
+    step = summaries.training_step(self.model)
+    writer.write_text("compile/report", report.table(), step,
+                      preformatted=True)
+    if report.plan is not None:
+      from tfopt.simulate.gantt import draw_gantt  # pylint: disable=g-import-not-at-top
+      png = summaries.png_of(lambda path: draw_gantt(
+          report.plan.schedule, path, device_names=self.devices,
+          title=f"placed step ({report.placer}): predicted "
+                f"{report.predicted_us / 1e3:.2f} ms"))
+      if png is not None:
+        writer.write_image("compile/gantt", png, step)
+    writer.flush()
 
   def _capture(self, data_np: tuple):
     from tfopt.graph.capture import capture_train_step  # pylint: disable=g-import-not-at-top

@@ -20,6 +20,7 @@ import logging
 
 import keras
 
+from tfopt import summaries
 from tfopt._errors import invalid_argument
 from tfopt.nas.ranking import rank
 from tfopt.nas.run import RunDir
@@ -117,6 +118,10 @@ class NASReport(keras.callbacks.Callback):
     ranker: the `SubgraphRanker` whose latest ranking is reported (optional:
       without it the scatterplot is all grey).
     every_n_epochs: also write after every n-th epoch (0: only at the end).
+
+  With a `keras.callbacks.TensorBoard` in the same fit (`tfopt.summaries`),
+  each write also puts the scatterplot (search_space.png) there as the
+  image `tfopt/nas/search_space`, at the training step.
   """
 
   def __init__(self, run_dir, ranker: SubgraphRanker | None = None,
@@ -131,12 +136,14 @@ class NASReport(keras.callbacks.Callback):
     self.settings = dict(settings or {})
     self.history: dict = {}
     self.written: list = []
+    self._summaries = None  # the fit's TensorBoard, if it has one
 
   def on_train_begin(self, logs=None):
     from tfopt.nas.supernet import SuperNet  # pylint: disable=import-outside-toplevel
     if not isinstance(self.model, SuperNet):
       raise invalid_argument("model", "a tfopt.nas.SuperNet",
                              type(self.model).__name__)
+    self._summaries = summaries.for_fit(self.model, self)
     if not self.run.exists("manifest"):
       self.run.create(self.model.space, self.settings)
     elif self.run.space().to_dict() != self.model.space.to_dict():
@@ -166,4 +173,9 @@ class NASReport(keras.callbacks.Callback):
     self.written = self.run.write_views(space, ranking, constraints,
                                         self.history)
     self.run.write_manifest(self.settings)
+    if self._summaries is not None:
+      with open(self.run.file("scatter"), "rb") as f:
+        self._summaries.write_image("nas/search_space", f.read(),
+                                    summaries.training_step(self.model))
+      self._summaries.flush()
     return self.written

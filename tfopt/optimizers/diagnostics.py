@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import keras
 
+from tfopt import summaries
 from tfopt._errors import invalid_argument
 
 
@@ -19,6 +20,11 @@ class DecayFractionLogger(keras.callbacks.Callback):
   Reading the value is one scalar device-to-host copy; with
   `every_n_batches` it also runs per batch, which is cheap, hence
   `async_safe`.
+
+  With a `keras.callbacks.TensorBoard` in the same fit
+  (`tfopt.summaries`), wherever it stands in the list, the values also go
+  to `tfopt/cwd/decay_fraction/step` (at the training step) and
+  `tfopt/cwd/decay_fraction/epoch`.
   """
 
   async_safe = True
@@ -31,6 +37,22 @@ class DecayFractionLogger(keras.callbacks.Callback):
       raise invalid_argument("every_n_batches", "a positive integer or None",
                              every_n_batches)
     self.every_n_batches = every_n_batches
+    self._summaries = None  # the fit's TensorBoard, if it has one
+    self._epoch_first = 0  # the training step before the epoch's first
+
+  def on_train_begin(self, logs=None):
+    self._summaries = summaries.for_fit(self.model, self)
+
+  def on_epoch_begin(self, epoch, logs=None):
+    # Batch ends may run on Keras' thread pool, late and in any order: a
+    # batch's step is the epoch's first (read here, no step in flight)
+    # plus its index, not a counter.
+    if self._summaries is not None:
+      self._epoch_first = summaries.training_step(self.model)
+
+  def on_train_end(self, logs=None):
+    if self._summaries is not None:
+      self._summaries.flush()
 
   def _fraction(self) -> float:
     optimizer = self.model.optimizer
@@ -45,7 +67,14 @@ class DecayFractionLogger(keras.callbacks.Callback):
     if self.every_n_batches and logs is not None and (
         (batch + 1) % self.every_n_batches == 0):
       logs["cwd_decay_fraction"] = self._fraction()
+      if self._summaries is not None:
+        self._summaries.write_scalar("cwd/decay_fraction/step",
+                                     logs["cwd_decay_fraction"],
+                                     self._epoch_first + batch + 1)
 
   def on_epoch_end(self, epoch, logs=None):
     if logs is not None:
       logs["cwd_decay_fraction"] = self._fraction()
+      if self._summaries is not None:
+        self._summaries.write_scalar("cwd/decay_fraction/epoch",
+                                     logs["cwd_decay_fraction"], epoch)

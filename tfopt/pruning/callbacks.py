@@ -14,6 +14,7 @@ import keras
 import numpy as np
 from keras import ops
 
+from tfopt import summaries
 from tfopt._errors import TfoptWarning, check_non_negative, invalid_argument
 from tfopt.pruning.adapters import adapter_for, find_moe_layers
 from tfopt.pruning.engine import prune_moe
@@ -35,7 +36,11 @@ class MoEPruner(keras.callbacks.Callback):
       current weights and containing the previous mask.
     **prune_kwargs: passed to `prune_moe` (batch_size, wanda_tokens, ...).
 
-  After each pruning `self.reports` gains the `PruneReport`.
+  After each pruning `self.reports` gains the `PruneReport`; with a
+  `keras.callbacks.TensorBoard` in the same fit (`tfopt.summaries`), the
+  scalars `tfopt/pruning/sparsity/<layer>` (the fraction of zeros in the
+  layer's pruned kernels) and `tfopt/pruning/sparsity` (the report's) are
+  written at the training step of the pruning.
   """
 
   def __init__(self, data, method: str = "moe_pruner", sparsity=None,
@@ -51,6 +56,7 @@ class MoEPruner(keras.callbacks.Callback):
     self.prune_kwargs.setdefault("verbose", 0)
     self.reports: list = []
     self._step = 0
+    self._summaries = None  # the fit's TensorBoard, if it has one
 
   def _schedule(self, at_step, gradual) -> list[tuple[int, float]]:
     if gradual is None:
@@ -80,9 +86,29 @@ class MoEPruner(keras.callbacks.Callback):
         **self.prune_kwargs)
     install_masks(self.model, report.masks)
     self.reports.append(report)
+    if self._summaries is not None:
+      self._write_sparsity(report)
+
+  def _write_sparsity(self, report) -> None:
+    """Per layer, the zeros of its pruned kernels as they now are (masks
+    installed), over their size; and the report's overall sparsity."""
+    values = {v.path: v for v in self.model.weights}
+    counts: dict = {}
+    for kernel in report.kernels:
+      weights = ops.convert_to_numpy(values[kernel.path])
+      zeros, size = counts.get(kernel.layer, (0, 0))
+      counts[kernel.layer] = (zeros + int(np.count_nonzero(weights == 0)),
+                              size + weights.size)
+    step = summaries.training_step(self.model)
+    for layer, (zeros, size) in counts.items():
+      self._summaries.write_scalar(f"pruning/sparsity/{layer}",
+                                   zeros / max(size, 1), step)
+    self._summaries.write_scalar("pruning/sparsity", report.sparsity, step)
+    self._summaries.flush()
 
   def on_train_begin(self, logs=None):
     self._step = 0
+    self._summaries = summaries.for_fit(self.model, self)
     self._maybe_prune()
 
   def on_train_batch_begin(self, batch, logs=None):

@@ -29,6 +29,11 @@ epoch excluded (it includes tracing and input start-up). MFU = FLOPs per
 step / median step time / peak. Goodput = the sum of productive step times
 / the wall time from train begin to train end (tracing, compilation,
 evaluation, checkpoints and callbacks are the badput).
+
+With a `keras.callbacks.TensorBoard` in the same fit (`tfopt.summaries`),
+the values it logs go to TensorBoard too: `tfopt/mfu/step` (with
+`log_every`, at the training step), `tfopt/mfu/epoch` (at the epoch) and
+`tfopt/goodput` (at train end); without one nothing is written.
 """
 
 from __future__ import annotations
@@ -39,6 +44,7 @@ import time
 import keras
 import numpy as np
 
+from tfopt import summaries
 from tfopt._errors import invalid_argument
 
 # Dense (non-sparse) peak FLOP/s per device and dtype, from the vendors'
@@ -212,6 +218,8 @@ class MFUMonitor(keras.callbacks.Callback):
     self._last = None
     self._train_start = None
     self._wall = None
+    self._summaries = None  # the fit's TensorBoard, if it has one
+    self._step = 0  # the training step, counted while writing there
 
   # The clock must be read when the step ends, not when a thread pool gets
   # to the callback: not safe for Keras' asynchronous batch-end dispatch.
@@ -226,6 +234,9 @@ class MFUMonitor(keras.callbacks.Callback):
       self.achievable_flops = measure_peak_flops()
       if self.peak_spec == "measure":
         self.peak = self.achievable_flops
+    self._summaries = summaries.for_fit(self.model, self)
+    if self._summaries is not None:
+      self._step = summaries.training_step(self.model)
     self._train_start = time.perf_counter()
 
   def on_epoch_begin(self, epoch, logs=None):
@@ -240,7 +251,11 @@ class MFUMonitor(keras.callbacks.Callback):
       if self.log_every and logs is not None and \
           len(self.step_times) % self.log_every == 0:
         logs["mfu"] = self._mfu(self.step_times[-self.log_every:])
+        if self._summaries is not None:
+          self._summaries.write_scalar("mfu/step", logs["mfu"],
+                                       self._step + 1)
     self._last = now
+    self._step += 1
 
   def on_epoch_end(self, epoch, logs=None):
     times = self.step_times[self._epoch_first:]
@@ -250,9 +265,16 @@ class MFUMonitor(keras.callbacks.Callback):
                           "step_s": statistics.median(times)})
       if logs is not None:
         logs["mfu"] = mfu
+      if self._summaries is not None:
+        self._summaries.write_scalar("mfu/epoch", mfu, epoch)
 
   def on_train_end(self, logs=None):
     self._wall = time.perf_counter() - self._train_start
+    if self._summaries is not None:
+      if self.step_times:
+        self._summaries.write_scalar("goodput", self.summary()["goodput"],
+                                     self._step)
+      self._summaries.flush()
 
   def _peak(self) -> tuple[float | None, str]:
     spec = self.peak_spec

@@ -52,6 +52,7 @@ import time
 import keras
 import numpy as np
 
+from tfopt import summaries
 from tfopt._errors import invalid_argument
 from tfopt._io import atomic_write_text
 
@@ -290,7 +291,10 @@ class StragglerMonitor(StepPhaseRecorder):
   verdict to `<directory>/reports.jsonl` (step, time, stragglers and
   compute_stragglers, lateness per worker) and, with `tensorboard_dir`,
   writes the scalars `stragglers/late_ms/worker_<w>` and
-  `stragglers/flagged/worker_<w>`. At the end of training the chief scores
+  `stragglers/flagged/worker_<w>` there; with a
+  `keras.callbacks.TensorBoard` in the same fit, the same scalars go into
+  its log_dir too, tagged `tfopt/stragglers/...` (`tfopt.summaries`).
+  At the end of training the chief scores
   the whole run (`report`) and writes `heatmap.png` and `trace.json` (the
   merged Chrome trace) into `directory`.
 
@@ -320,13 +324,18 @@ class StragglerMonitor(StepPhaseRecorder):
     self._flushed = 0
     self._offsets = [0] * self.workers
     self._cache: list = [{} for _ in range(self.workers)]
-    self._writer = None
     self._tensorboard_dir = tensorboard_dir
+    self._fit_summaries = None  # the chief's fit's TensorBoard, if any
     # False while tfopt.scale.worker.fit runs segments: it calls finish_run.
     self.final_segment = True
 
   def _path(self, worker: int) -> str:
     return os.path.join(self.directory, f"worker-{worker}.jsonl")
+
+  def on_train_begin(self, logs=None):
+    super().on_train_begin(logs)
+    if self.worker == 0:  # only the chief scores
+      self._fit_summaries = summaries.for_fit(self.model, self)
 
   def on_train_batch_end(self, batch, logs=None):
     super().on_train_batch_end(batch, logs)
@@ -455,24 +464,21 @@ class StragglerMonitor(StepPhaseRecorder):
     with open(os.path.join(self.directory, "reports.jsonl"), "a",
               encoding="utf-8") as f:
       f.write(json.dumps(entry) + "\n")
-    if self._tensorboard_dir:
-      self._scalars(entry)
+    self._scalars(entry)
 
   def _scalars(self, entry: dict) -> None:
-    import tensorflow as tf  # pylint: disable=import-outside-toplevel
-    if self._writer is None:
-      self._writer = tf.summary.create_file_writer(self._tensorboard_dir)
-    # tf.summary.scalar needs the tensorboard package; the core op with
-    # the scalars plugin's metadata writes the same event without it.
-    metadata = tf.compat.v1.SummaryMetadata()
-    metadata.plugin_data.plugin_name = "scalars"
-    with self._writer.as_default(step=entry["step"]):
+    """The verdict's scalars into `tensorboard_dir` and the fit's
+    TensorBoard (the core summary op: no tensorboard package needed)."""
+    writers = ([summaries.for_directory(self._tensorboard_dir)]
+               if self._tensorboard_dir else [])
+    if self._fit_summaries is not None:
+      writers.append(self._fit_summaries)
+    for writer in writers:
       for w in range(self.workers):
         for name in ("late_ms", "flagged"):
-          tf.summary.write(f"stragglers/{name}/worker_{w}",
-                           tf.constant(entry[name][w], tf.float32),
-                           metadata=metadata)
-    self._writer.flush()
+          writer.write_scalar(f"stragglers/{name}/worker_{w}",
+                              entry[name][w], entry["step"])
+      writer.flush()
 
 
 @dataclasses.dataclass

@@ -31,6 +31,14 @@ everything the launcher relies on:
   restarts from the last checkpoint (the variables on that task are gone,
   so the step cannot go on). The launcher's `kill_task` fault kills the
   last task after a given step.
+
+With a `keras.callbacks.TensorBoard` among `callbacks`, the chief writes
+what `fit` itself sees of restarts into its log_dir (`tfopt.summaries`):
+at the first step it trains, the scalars `tfopt/restart/resumed_from_step`
+and `tfopt/restart/attempt` and the text `tfopt/restart`; at a
+preemption's stop step the text `tfopt/restart/preempted`. A lost task or
+a crash ends the process inside a step, where no callback runs: the next
+attempt's resumed-from step is what TensorBoard shows of it.
 """
 
 from __future__ import annotations
@@ -46,6 +54,7 @@ import time
 
 import keras
 
+from tfopt import summaries
 from tfopt._errors import check_positive_int, invalid_argument
 from tfopt.scale import heartbeat as hb
 from tfopt.scale.checkpoint import TwoStageCheckpointer
@@ -186,6 +195,25 @@ class _Progress(keras.callbacks.Callback):
     self._mean = None
     self._count = 0
     self._pending: list = []
+    self._summaries = None  # the fit's TensorBoard (chief), if it has one
+    self._announced = False  # the resume written (first segment only)
+
+  def on_train_begin(self, logs=None):
+    if self._announced or not self.env.is_chief:
+      return
+    self._announced = True
+    self._summaries = summaries.for_fit(self.model, self)
+    if self._summaries is None:
+      return
+    step = self.global_step
+    self._summaries.write_scalar("restart/resumed_from_step", step, step)
+    self._summaries.write_scalar("restart/attempt", self.env.attempt, step)
+    self._summaries.write_text(
+        "restart", f"attempt {self.env.attempt}: "
+        + (f"resumed from step {step} ({self.offset} batches into its "
+           f"epoch)" if step else "started at step 0"),
+        step)
+    self._summaries.flush()
 
   def flush_log(self) -> None:
     if self.steps_log is not None and self._pending:
@@ -239,6 +267,12 @@ class _Progress(keras.callbacks.Callback):
     if stop:
       self.preempted = True
       self.model.stop_training = True
+      if self._summaries is not None:
+        self._summaries.write_text(
+            "restart/preempted", f"attempt {self.env.attempt}: preempted, "
+            f"stopped at step {self.global_step} (checkpoint saved)",
+            self.global_step)
+        self._summaries.flush()
     # Last: a fault the launcher asked for at this step (--inject) lands
     # here, after the step and its checkpoint, as a crash would.
     raise_fault_if_asked(self.global_step, kill_task=self.kill_task)
