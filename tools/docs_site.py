@@ -46,7 +46,8 @@ def _title(text: str) -> str:
 # them under its own title.
 NAV = {"compile": "tfopt.compile", "placement": "Placement",
        "optimizers": "Optimizers", "pruning": "MoE pruning", "nas": "NAS",
-       "scale": "Scale", "export": "Export", "demo": "make demo",
+       "scale": "Scale", "export": "Export", "tensorboard": "TensorBoard",
+       "demo": "make demo",
        "compatibility": "Compatibility", "benchmarks": "Measured results",
        "limits": "Limits", "development": "Development"}
 
