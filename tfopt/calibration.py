@@ -186,7 +186,7 @@ class Calibration:
                    else "")
     age = self.age_days()
     line = (f"calibrated {self.kind} x{self.num_devices} ({where}, "
-            f"{self.created[:10]}): latency {self.link.latency_us:.0f} us, "
+            f"{self.created[:10]}, {_age(age)} old): latency {self.link.latency_us:.0f} us, "
             f"{self.link.bandwidth_gbps:.3g} GB/s, overhead {overhead}, "
             f"control edges {'are messages' if self.control_messages else 'free'}"
             f"{', copies work both ends' if self.kind != 'logical' else ''}"
@@ -292,6 +292,14 @@ def check_here(calibration: Calibration) -> None:
         f"{where} was made with TensorFlow {calibration.tensorflow}, and this "
         f"is TensorFlow {version}: its runtime's costs may differ. Run "
         f"`tfopt-calibrate` again.")
+
+
+def _age(days: float) -> str:
+  """An age for a person: minutes, hours or days."""
+  minutes = max(0.0, days) * 24 * 60
+  if minutes < 90:
+    return f"{minutes:.0f} min"
+  return f"{minutes / 60:.0f} h" if minutes < 48 * 60 else f"{days:.0f} days"
 
 
 def _machine(m: dict) -> str:

@@ -590,11 +590,14 @@ def compile(model, *, fusion: bool = True,  # pylint: disable=redefined-builtin
       ...]} (`LoopbackServers.spec`), a `tf.train.ClusterSpec`, a
       TF_CONFIG-style dict or JSON string; None reads `TF_CONFIG` when the
       devices name tasks.
-    calibration: a calibration file's path (`tfopt-calibrate`) or a `tfopt.calibration.Calibration`: the
-      devices' fitted link and core sharing, which the placer's simulator
-      uses (default: Baechi's PCIe-like link, devices computing apart). A
-      file from another machine or TensorFlow is refused; a stale one is
-      named so in the report.
+    calibration: a calibration file's path (`tfopt-calibrate`) or a
+      `tfopt.calibration.Calibration`: the devices' fitted link and core
+      sharing, which the placer's simulator uses (default: Baechi's
+      PCIe-like link, devices computing apart). A file from another machine
+      or TensorFlow is refused; a stale one is named so in the report.
+      "auto": for two or more CPU devices of this process, this machine's
+      calibration from the cache, measured briefly the first time
+      (`tfopt.calibration_cache`); other devices are not calibrated.
     select: "simulated" (the portfolio's fastest predicted plan) or
       "measured": the best few plans and one device (where it fits) run
       `measure_steps` steps each on the devices, the fastest measured wins;
@@ -732,6 +735,9 @@ def _check_placement(placement, devices, cluster, pins, calibration, select,
     raise invalid_argument("placement", f"None or one of {names}", placement)
   spec = _connect_cluster(devices, cluster)
   _check_devices(devices)
+  if isinstance(calibration, str) and calibration == "auto":
+    from tfopt.calibration_cache import auto_calibration  # pylint: disable=g-import-not-at-top
+    calibration = auto_calibration(devices)
   return (spec, check_pins(pins, list(devices)),
           check_selection(calibration, select, measure_steps))
 
