@@ -9,12 +9,14 @@ file, the worker's FitResult. Another test guards the one assumption on
 Keras (its CallbackList is on the stack while a fit runs its callbacks
 and train function)."""
 
+import glob
 import json
 import os
 
 import keras
 import numpy as np
 import pytest
+import tensorflow as tf
 
 import tfopt
 from tfopt import summaries
@@ -123,11 +125,20 @@ def test_hook_report_as_text_and_gantt_as_image(tmp_path):
   [(step, image, plugin)] = events["tfopt/compile/gantt"]
   assert (step, plugin) == (0, "images")
   width, height, png = image
-  draw_gantt(report.plan.schedule, str(tmp_path / "oracle.png"))
+  # The oracle: the same chart drawn here from the report's plan, as the
+  # hook draws it (its device names and title); the pixels must agree.
+  draw_gantt(report.plan.schedule, str(tmp_path / "oracle.png"),
+             device_names=["/device:CPU:0"],
+             title=f"placed step ({report.placer}): predicted "
+                   f"{report.predicted_us / 1e3:.2f} ms")
   oracle = tf.io.decode_png((tmp_path / "oracle.png").read_bytes())
   decoded = tf.io.decode_png(png)
   assert decoded.shape == oracle.shape
   assert (int(width), int(height)) == (oracle.shape[1], oracle.shape[0])
+  assert np.array_equal(decoded.numpy(), oracle.numpy())
+  # Not a blank canvas: the bars are there.
+  assert len(np.unique(decoded.numpy().reshape(-1, decoded.shape[-1]),
+                       axis=0)) > 4
 
 
 def test_mfu_per_step_per_epoch_and_goodput_are_the_callbacks_own(tmp_path):
@@ -359,3 +370,37 @@ def test_summaries_refuse_what_they_cannot_write(tmp_path):
   writer.write_scalar("x", 2.5, 3)
   writer.flush()
   assert _events_in(tmp_path) == {"x": [2.5]}
+
+
+def test_writers_beyond_the_bound_are_closed_and_reopened(tmp_path):
+  """A sweep over many log_dirs keeps at most _MAX_WRITERS files open; a
+  directory written again after its writer closed loses nothing."""
+  dirs = [tmp_path / f"run{i}" for i in range(summaries._MAX_WRITERS + 2)]
+  first = summaries.for_directory(dirs[0])
+  first.write_scalar("x", 1.0, 0)
+  for d in dirs[1:]:
+    summaries.for_directory(d).write_scalar("x", 2.0, 0)
+  assert len(summaries._WRITERS) <= summaries._MAX_WRITERS
+  assert os.path.realpath(dirs[0]) not in summaries._WRITERS
+  first.write_scalar("x", 3.0, 1)  # reopened: a second events file
+  first.flush()
+  values = sorted(
+      float(tf.make_ndarray(v.tensor))
+      for path in glob.glob(str(dirs[0] / "events.*"))
+      for e in tf.compat.v1.train.summary_iterator(path)
+      for v in e.summary.value)
+  assert values == [1.0, 3.0]
+
+
+def test_only_the_chief_writes_for_a_multi_worker_fit(monkeypatch, tmp_path):
+  class Extended:
+    should_checkpoint = False  # a worker other than the chief
+
+  class Model:
+    distribute_strategy = type("S", (), {"extended": Extended()})()
+
+  board = keras.callbacks.TensorBoard(log_dir=str(tmp_path))
+  monkeypatch.setattr(summaries, "fit_tensorboard", lambda m, c=None: board)
+  assert summaries.for_fit(Model()) is None
+  Extended.should_checkpoint = True
+  assert summaries.for_fit(Model()) is not None

@@ -45,8 +45,12 @@ PREFIX = "tfopt/"  # every tag written into the fit's TensorBoard
 
 # One tf.summary file writer per directory and process, shared by every
 # writer of that directory (the hook and each callback of a fit, and the
-# fits after it): one events file per directory, never two at once.
+# fits after it): one events file per directory, never two at once. At
+# most _MAX_WRITERS stay open (a sweep over many log_dirs in one process
+# keeps no file handle per run): the oldest is flushed and closed, and
+# opened again (a new events file) if its directory is written again.
 _WRITERS: dict = {}
+_MAX_WRITERS = 4
 _LOCK = threading.Lock()
 _MAX_DEPTH = 64  # frames walked up from the caller to find the fit
 _PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
@@ -96,9 +100,18 @@ def for_fit(model, member=None) -> "Summaries | None":
   `on_train_begin` (with `member=self`) or from the train function, and
   keep the result: it walks the stack."""
   board = fit_tensorboard(model, member)
-  if board is None:
+  if board is None or not _is_chief(model):
     return None
   return Summaries(os.path.join(os.fspath(board.log_dir), SUBDIR), PREFIX)
+
+
+def _is_chief(model) -> bool:
+  """Whether this process writes for a multi-worker fit: only the chief
+  does (every worker writing the same tags into one run directory is the
+  many-writers case above). True outside multi-worker strategies."""
+  strategy = getattr(model, "distribute_strategy", None)
+  extended = getattr(strategy, "extended", None)
+  return bool(getattr(extended, "should_checkpoint", True))
 
 
 def for_directory(logdir) -> "Summaries":
@@ -151,13 +164,23 @@ class Summaries:
   def __init__(self, logdir: str, prefix: str = ""):
     self.logdir = logdir
     self.prefix = prefix
-    key = os.path.realpath(logdir)
+    self._key = os.path.realpath(logdir)
+    self._open_writer()
+
+  def _open_writer(self):
+    """This directory's shared writer, opened (again) if needed."""
+    import tensorflow as tf  # pylint: disable=import-outside-toplevel
     with _LOCK:
-      if key not in _WRITERS:
-        import tensorflow as tf  # pylint: disable=import-outside-toplevel
+      writer = _WRITERS.pop(self._key, None)
+      if writer is None:
         with tf.init_scope():
-          _WRITERS[key] = tf.summary.create_file_writer(logdir)
-      self._writer = _WRITERS[key]
+          writer = tf.summary.create_file_writer(self.logdir)
+      _WRITERS[self._key] = writer  # the most recent last
+      while len(_WRITERS) > _MAX_WRITERS:
+        oldest = next(iter(_WRITERS))
+        with tf.init_scope():
+          _WRITERS.pop(oldest).close()
+      return writer
 
   def write_scalar(self, tag: str, value, step: int) -> None:
     """`value` (a float) at `step`, for TensorBoard's scalars dashboard."""
@@ -190,7 +213,7 @@ class Summaries:
   def flush(self) -> None:
     import tensorflow as tf  # pylint: disable=import-outside-toplevel
     with tf.init_scope():
-      self._writer.flush()
+      self._open_writer().flush()
 
   def _write(self, tag, plugin, data_class, tensor, step) -> None:
     import tensorflow as tf  # pylint: disable=import-outside-toplevel
@@ -205,7 +228,7 @@ class Summaries:
     metadata.plugin_data.plugin_name = plugin
     # init_scope: eager even when called while a graph is being built; and
     # recorded whatever record_if Keras' TensorBoard pushed for its own.
-    with tf.init_scope(), self._writer.as_default(), \
+    with tf.init_scope(), self._open_writer().as_default(), \
         tf.summary.record_if(True):
       tf.summary.write(self.prefix + tag, tensor(), step=int(step),
                        metadata=metadata)
