@@ -86,6 +86,8 @@ def test_xla_on_one_device_compiles_and_computes_the_same(cnn):
   assert "not compiled" in report.summary()
 
 
+# Timing bands: alone, not beside another test loading the second core.
+@pytest.mark.serial
 def test_prediction_is_measured_beside_the_simulation(cnn):
   step, batches, costs = cnn
   # The simulator is given this machine's link, core sharing and per-op

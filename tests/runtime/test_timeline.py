@@ -16,6 +16,8 @@ from tfopt.runtime.prediction import placement_of
 from tfopt.simulate import simulate
 
 
+# Timing bands: alone, not beside another test loading the second core.
+@pytest.mark.serial
 def test_a_placed_steps_ops_are_read_back_where_they_ran():
   model = zoo.mlp(input_dim=32, hidden=(64, 64))
   x, y = model.batch(16)
@@ -87,7 +89,7 @@ def test_a_placed_steps_ops_are_read_back_where_they_ran():
   assert busy_line, table
   shown = [float(v) for v in busy_line.groups()]
   expected = [v / 1e3 for v in (*busy, *comparison.busy_simulated)]
-  assert shown[:4] == pytest.approx(expected, abs=0.06)
+  assert shown[:4] == pytest.approx(expected, abs=0.006)
   assert shown[4] == pytest.approx(comparison.stretch, abs=0.006)
   assert "not observable" in table
   counts = [sum(1 for n in ran if ran[n] == d) for d in range(2)]

@@ -188,7 +188,7 @@ class TimelineComparison:
 
   def table(self) -> str:
     def ms(values):
-      return "/".join(f"{v / 1e3:.1f}" for v in values)
+      return "/".join(f"{v / 1e3:.2f}" for v in values)
 
     if self.transfers_measured is None:
       seen = "measured: not observable (in-process hand-overs)"
