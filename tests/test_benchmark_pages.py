@@ -7,19 +7,16 @@ script, or a figure edited by hand) fails here.
 """
 
 import copy
-import importlib.util
 import json
 import pathlib
+
+from tests._tools import load_tool
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 
 
 def _pages():
-  spec = importlib.util.spec_from_file_location(
-      "benchmark_pages", ROOT / "tools" / "benchmark_pages.py")
-  module = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(module)
-  return module
+  return load_tool("benchmark_pages")
 
 
 def test_committed_pages_are_the_rendering_of_the_results():
@@ -55,12 +52,26 @@ def test_figures_follow_the_json(monkeypatch):
   assert "**9.87x**" in pages.runtime_section()
 
 
-def test_every_results_file_is_published():
-  """Each results JSON feeds a page (a new benchmark gets a section)."""
-  source = (ROOT / "tools" / "benchmark_pages.py").read_text()
-  for path in (ROOT / "benchmarks" / "results").glob("*.json"):
+def test_every_results_file_is_published(monkeypatch):
+  """Each results JSON feeds the pages and each picture is shown (a new
+  benchmark gets a section)."""
+  pages = _pages()
+  read = set()
+  original = pages.load
+
+  def recording(name):
+    read.add(name)
+    return original(name)
+
+  monkeypatch.setattr(pages, "load", recording)
+  guide = pages.guide() + pages.headline()
+  results = ROOT / "benchmarks" / "results"
+  for path in results.glob("*.json"):
     json.loads(path.read_text())
-    assert f'"{path.stem}"' in source, f"{path.name} is not rendered"
+    assert path.stem in read, f"{path.name} is not rendered"
+  for path in results.glob("*.png"):
+    assert f"../benchmarks/results/{path.name})" in guide, (
+        f"{path.name} is not shown")
 
 
 def test_readme_block_is_replaced_not_appended():

@@ -1,20 +1,17 @@
 """The API reference's checks (tools/build_docs.py) on hand-made modules,
 and on the package itself."""
 
-import importlib.util
 import pathlib
 import sys
 import types
+
+from tests._tools import load_tool
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 
 
 def _build_docs():
-  spec = importlib.util.spec_from_file_location(
-      "build_docs", ROOT / "tools" / "build_docs.py")
-  module = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(module)
-  return module
+  return load_tool("build_docs")
 
 
 def _fake(name, doc, **members):
@@ -58,11 +55,7 @@ def test_every_public_module_passes_the_checks():
 
 
 def _docs_site():
-  spec = importlib.util.spec_from_file_location(
-      "docs_site", ROOT / "tools" / "docs_site.py")
-  module = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(module)
-  return module
+  return load_tool("docs_site")
 
 
 def test_site_pages_render_and_every_link_resolves(tmp_path):
@@ -115,3 +108,46 @@ def test_code_spans_over_a_line_break_render_as_one():
   page = site._page("run `tfopt-place\n--devices=2` now", landing=True,
                     api=False)
   assert "<code>tfopt-place --devices=2</code>" in page
+
+
+def _github_slugs(markdown: str) -> set[str]:
+  """The anchors GitHub gives a Markdown page's headings (github-slugger:
+  lower case, punctuation dropped, spaces to hyphens, repeats -1, -2)."""
+  import re
+  seen: dict[str, int] = {}
+  slugs = set()
+  text = re.sub(r"^```.*?^```", "", markdown, flags=re.S | re.M)
+  for heading in re.findall(r"^#{1,6} (.+)$", text, flags=re.M):
+    slug = re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
+    n = seen.get(slug, 0)
+    seen[slug] = n + 1
+    slugs.add(slug if n == 0 else f"{slug}-{n}")
+  return slugs
+
+
+def test_markdown_links_resolve_as_github_renders_them():
+  """The site's check reads markdown2's ids; a reader on GitHub follows
+  GitHub's: every relative link of README and the guides, file and
+  #anchor, resolves there too."""
+  import re
+  pages = [ROOT / "README.md"] + sorted((ROOT / "docs").glob("*.md"))
+  broken = []
+  for page in pages:
+    text = page.read_text(encoding="utf-8")
+    prose = re.sub(r"^```.*?^```", "", text, flags=re.S | re.M)
+    for target in re.findall(r"\]\(([^)\s]+)\)", prose):
+      if re.match(r"[a-z]+:", target):
+        continue
+      path, _, anchor = target.partition("#")
+      file = (page.parent / path).resolve() if path else page
+      if not file.exists():
+        broken.append(f"{page.name}: {target}: no such file")
+      elif anchor and file.suffix == ".md" and anchor not in _github_slugs(
+          file.read_text(encoding="utf-8")):
+        broken.append(f"{page.name}: {target}: no such heading")
+  assert broken == []
+
+
+def test_github_slugs_oracle():
+  assert _github_slugs("# A / B: c\n## `x.y` z\n## A / B: c\n```\n# no\n```") \
+      == {"a--b-c", "xy-z", "a--b-c-1"}

@@ -260,16 +260,22 @@ def test_command_extraction_oracle():
   assert _commands("") == []
 
 
+def _run_python(code: str) -> subprocess.CompletedProcess:
+  """A README or guide example run in a fresh process; it must succeed."""
+  done = subprocess.run([sys.executable, "-c", code], cwd=ROOT,
+                        capture_output=True, text=True, timeout=600,
+                        check=False)
+  assert done.returncode == 0, done.stderr[-3000:]
+  return done
+
+
 @pytest.mark.slow
 def test_clock_example_runs(tmp_path):
   code = _python_block("## Placement judged by the clock")
   assert 'select="measured"' in code and "fit_cluster" in code
   code = code.replace("/tmp/", f"{tmp_path}/").replace(
       "epochs=2)", "epochs=1, verbose=0)")
-  done = subprocess.run([sys.executable, "-c", code], cwd=ROOT,
-                        capture_output=True, text=True, timeout=600,
-                        check=False)
-  assert done.returncode == 0, done.stderr[-3000:]
+  done = _run_python(code)
   assert "chosen by measurement" in done.stdout, done.stdout[-3000:]
   assert "cluster: calibrated logical x2" in done.stdout
 
@@ -290,10 +296,7 @@ def test_readme_quickstart_runs():
   code = _python_block("## Quickstart: `tfopt.compile`")
   assert len(code.strip().splitlines()) <= 15, "README's example grew"
   code = code.replace("epochs=2)", "epochs=1, verbose=0)")
-  done = subprocess.run([sys.executable, "-c", code], cwd=ROOT,
-                        capture_output=True, text=True, timeout=600,
-                        check=False)
-  assert done.returncode == 0, done.stderr[-3000:]
+  done = _run_python(code)
   assert "verified on the first batch" in done.stdout, done.stdout[-3000:]
   assert "placement" in done.stdout
 
@@ -303,10 +306,7 @@ def test_compile_hook_example_runs():
   code = _python_block("## Optimize an existing Keras script")
   assert "tfopt.compile(" in code and "model.fit(" in code
   code = code.replace("epochs=2)", "epochs=1, verbose=0)")
-  done = subprocess.run([sys.executable, "-c", code], cwd=ROOT,
-                        capture_output=True, text=True, timeout=600,
-                        check=False)
-  assert done.returncode == 0, done.stderr[-3000:]
+  done = _run_python(code)
   assert "verified on the first batch" in done.stdout
   assert "_FusedMatMul +3" in done.stdout
 

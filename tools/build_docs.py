@@ -12,8 +12,8 @@ guide (`screenshots/`), so a person can look at what a reader sees.
     python tools/build_docs.py --out=build/docs     # what `make docs` runs
     python tools/build_docs.py --check              # the checks alone
 
-The landing page is `tfopt`'s docstring: one line per capability, with its
-modules and its guide in docs/.
+The API reference's own index is `tfopt`'s docstring: one line per
+capability, with its modules and its guide.
 """
 
 from __future__ import annotations

@@ -81,8 +81,6 @@ def _relink(markdown: str, *, landing: bool) -> str:
       path = "guides/" + path[len("docs/"):]
     elif not landing and path == "../README.md":
       path = "../index.html"
-    elif not landing and path.startswith("../"):
-      path = "../" + path[len("../"):]  # repository files: copied below
     path = re.sub(r"\.md$", ".html", path)
     return f"{match.group(1)}({path}{anchor})"
   return re.sub(r"(\]\s*)\(([^)\s]+)\)", fix, markdown)
