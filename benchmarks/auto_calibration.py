@@ -1,0 +1,163 @@
+"""Predicted against measured steps with `calibration="auto"`, on models that
+are not in the runtime benchmark.
+
+    python -m benchmarks.auto_calibration
+
+What a user gets from `tfopt.compile(model, ..., placement="auto",
+devices=<2 logical CPUs>)` without running `tfopt-calibrate` by hand: for
+each model, in a fresh process (traced profiles drift in a process that
+profiled other models), the hook's predicted step (the chosen plan's
+simulated makespan, `HookReport.predicted_us`) against the step `fit`
+really takes, with the default model of the machine (`calibration=None`:
+Baechi's PCIe-like link, devices computing apart) and with
+`calibration="auto"` (this machine's, measured once and cached:
+`tfopt.calibration_cache`). The measured step is the median over rounds of
+(time of a fit of `long` steps - time of a fit of `short` steps) / (long -
+short): fit's fixed costs (callbacks, the iterator) cancel out.
+
+Models: a branchy CNN (an Inception-style block: 1x1, 3x3 and pooled
+branches concatenated, twice), keras.applications MobileNet (alpha 0.25,
+32x32 inputs) and an LSTM text classifier. Writes
+benchmarks/results/auto_calibration.json; the calibration cache is a
+temporary directory, so the first "auto" run measures this machine.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+from absl import app, flags  # noqa: E402
+
+FLAGS = flags.FLAGS
+MODELS = ("branchy_cnn", "mobilenet", "lstm")
+flags.DEFINE_list("models", list(MODELS), "Models to run.")
+flags.DEFINE_integer("rounds", 5, "Timing rounds per model and mode.")
+flags.DEFINE_string("out", os.path.join(os.path.dirname(__file__), "results",
+                                        "auto_calibration.json"),
+                    "Results JSON.")
+flags.DEFINE_string("one", None, "Internal: run one model:mode here and "
+                    "print its row as JSON.")
+BATCH = 32
+SHORT, LONG = 4, 16  # steps per timed fit
+
+
+def _build(name: str):
+  """The model and a batch source (numpy arrays), seeded."""
+  import keras  # pylint: disable=g-import-not-at-top
+  import numpy as np  # pylint: disable=g-import-not-at-top
+  keras.utils.set_random_seed(0)
+  rng = np.random.default_rng(0)
+  layers = keras.layers
+  if name == "branchy_cnn":
+    inp = keras.Input((32, 32, 3))
+    x = layers.Conv2D(32, 3, padding="same", activation="relu")(inp)
+    for width in (32, 48):
+      a = layers.Conv2D(width, 1, activation="relu")(x)
+      b = layers.Conv2D(width, 3, padding="same", activation="relu")(x)
+      c = layers.Conv2D(width, 1, activation="relu")(
+          layers.MaxPooling2D(3, 1, padding="same")(x))
+      x = layers.MaxPooling2D()(layers.Concatenate()([a, b, c]))
+    out = layers.Dense(10)(layers.GlobalAveragePooling2D()(x))
+    model = keras.Model(inp, out)
+    x = rng.random((BATCH * LONG, 32, 32, 3), dtype=np.float32)
+    y = rng.integers(0, 10, BATCH * LONG)
+  elif name == "mobilenet":
+    model = keras.applications.MobileNet(
+        input_shape=(32, 32, 3), alpha=0.25, weights=None, classes=10,
+        classifier_activation=None)
+    x = rng.random((BATCH * LONG, 32, 32, 3), dtype=np.float32)
+    y = rng.integers(0, 10, BATCH * LONG)
+  elif name == "lstm":
+    inp = keras.Input((40,), dtype="int32")
+    h = layers.LSTM(96)(layers.Embedding(2000, 48)(inp))
+    model = keras.Model(inp, layers.Dense(4)(h))
+    x = rng.integers(0, 2000, (BATCH * LONG, 40)).astype(np.int32)
+    y = rng.integers(0, 4, BATCH * LONG)
+  else:
+    raise app.UsageError(f"--models must name {list(MODELS)}. Received: "
+                         f"{name}")
+  return model, x, y
+
+
+def _row(name: str, mode: str, rounds: int, cache: str) -> dict:
+  """One model and calibration mode, timed here (2 logical CPUs)."""
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  tf.config.set_logical_device_configuration(
+      tf.config.list_physical_devices("CPU")[0],
+      [tf.config.LogicalDeviceConfiguration()] * 2)
+  import keras  # pylint: disable=g-import-not-at-top
+  import tfopt  # pylint: disable=g-import-not-at-top
+  os.environ["TFOPT_CACHE_DIR"] = cache
+  model, x, y = _build(name)
+  started = time.perf_counter()
+  tfopt.compile(model, optimizer="adam", verbose=False,
+                loss=keras.losses.SparseCategoricalCrossentropy(
+                    from_logits=True),
+                placement="auto", devices=["/device:CPU:0", "/device:CPU:1"],
+                calibration=None if mode == "default" else "auto")
+  model.fit(x[:BATCH * 2], y[:BATCH * 2], batch_size=BATCH, verbose=0)
+  compile_s = time.perf_counter() - started
+  (report,) = model.train_function.reports.values()
+
+  def fit_s(steps):
+    t0 = time.perf_counter()
+    model.fit(x[:BATCH * steps], y[:BATCH * steps], batch_size=BATCH,
+              epochs=1, shuffle=False, verbose=0)
+    return time.perf_counter() - t0
+
+  per_step = []
+  for _ in range(rounds):
+    short, long = fit_s(SHORT), fit_s(LONG)
+    per_step.append((long - short) / (LONG - SHORT))
+  measured_us = statistics.median(per_step) * 1e6
+  return {"model": name, "mode": mode, "placer": report.placer,
+          "devices_used": len(report.devices_used),
+          "predicted_ms": report.predicted_us / 1e3,
+          "measured_ms": measured_us / 1e3,
+          "measured_over_predicted": measured_us / report.predicted_us,
+          "per_step_ms": [s * 1e3 for s in per_step],
+          "first_fit_s": compile_s, "cluster": report.cluster_source}
+
+
+def main(argv):
+  del argv
+  if FLAGS.one:
+    name, mode, cache = FLAGS.one.split(":", 2)
+    print("ROW " + json.dumps(_row(name, mode, FLAGS.rounds, cache)))
+    return
+  from tfopt._io import atomic_write_text  # pylint: disable=g-import-not-at-top
+  rows = []
+  with tempfile.TemporaryDirectory() as cache:
+    for name in FLAGS.models:
+      for mode in ("default", "auto"):
+        done = subprocess.run(
+            [sys.executable, "-m", "benchmarks.auto_calibration",
+             f"--one={name}:{mode}:{cache}", f"--rounds={FLAGS.rounds}"],
+            capture_output=True, text=True, check=True,
+            cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+        row = json.loads(next(line[4:] for line in done.stdout.splitlines()
+                              if line.startswith("ROW ")))
+        rows.append(row)
+        print(f"{name:12s} {mode:8s} {row['placer']:>22s} predicted "
+              f"{row['predicted_ms']:7.2f} ms  measured "
+              f"{row['measured_ms']:7.2f} ms  meas/pred "
+              f"{row['measured_over_predicted']:5.2f}", flush=True)
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  doc = {"benchmark": "auto_calibration", "tensorflow": tf.__version__,
+         "cpu_count": os.cpu_count(), "rounds": FLAGS.rounds,
+         "batch_size": BATCH, "steps": [SHORT, LONG], "rows": rows}
+  atomic_write_text(FLAGS.out, json.dumps(doc, indent=1) + "\n",
+                    overwrite=True)
+  print(f"wrote {FLAGS.out}")
+
+
+if __name__ == "__main__":
+  app.run(main)
