@@ -13,7 +13,11 @@ Baechi's PCIe-like link, devices computing apart) and with
 `calibration="auto"` (this machine's, measured once and cached:
 `tfopt.calibration_cache`). The measured step is the median over rounds of
 (time of a fit of `long` steps - time of a fit of `short` steps) / (long -
-short): fit's fixed costs (callbacks, the iterator) cancel out.
+short): fit's fixed costs (callbacks, the iterator) cancel out. Each model
+and mode runs in `repeats` fresh processes, the modes alternating; the row
+is the run with the median ratio (the lower one of two), every run's ratio
+beside it: this VM's speed jumps between moments, and a profile taken
+before a jump predicts the step after it wrong by the jump.
 
 Models: a branchy CNN (an Inception-style block: 1x1, 3x3 and pooled
 branches concatenated, twice), keras.applications MobileNet (alpha 0.25,
@@ -40,6 +44,9 @@ FLAGS = flags.FLAGS
 MODELS = ("branchy_cnn", "mobilenet", "lstm")
 flags.DEFINE_list("models", list(MODELS), "Models to run.")
 flags.DEFINE_integer("rounds", 5, "Timing rounds per model and mode.")
+flags.DEFINE_integer("repeats", 2, "Fresh processes per model and mode, "
+                     "alternating the modes (this VM's speed jumps between "
+                     "moments; one process can land in a slow one).")
 flags.DEFINE_string("out", os.path.join(os.path.dirname(__file__), "results",
                                         "auto_calibration.json"),
                     "Results JSON.")
@@ -127,6 +134,25 @@ def _row(name: str, mode: str, rounds: int, cache: str) -> dict:
           "first_fit_s": compile_s, "cluster": report.cluster_source}
 
 
+def _one_process(name: str, mode: str, cache: str) -> dict:
+  done = subprocess.run(
+      [sys.executable, "-m", "benchmarks.auto_calibration",
+       f"--one={name}:{mode}:{cache}", f"--rounds={FLAGS.rounds}"],
+      capture_output=True, text=True, check=True,
+      cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+  return json.loads(next(line[4:] for line in done.stdout.splitlines()
+                         if line.startswith("ROW ")))
+
+
+def _median_run(found: list[dict]) -> dict:
+  """The run whose measured / predicted is the median (the lower middle
+  for an even count), with every run's ratio beside it."""
+  ordered = sorted(found, key=lambda r: r["measured_over_predicted"])
+  row = dict(ordered[(len(ordered) - 1) // 2])
+  row["runs"] = [r["measured_over_predicted"] for r in found]
+  return row
+
+
 def main(argv):
   del argv
   if FLAGS.one:
@@ -137,23 +163,21 @@ def main(argv):
   rows = []
   with tempfile.TemporaryDirectory() as cache:
     for name in FLAGS.models:
-      for mode in ("default", "auto"):
-        done = subprocess.run(
-            [sys.executable, "-m", "benchmarks.auto_calibration",
-             f"--one={name}:{mode}:{cache}", f"--rounds={FLAGS.rounds}"],
-            capture_output=True, text=True, check=True,
-            cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-        row = json.loads(next(line[4:] for line in done.stdout.splitlines()
-                              if line.startswith("ROW ")))
-        rows.append(row)
-        print(f"{name:12s} {mode:8s} {row['placer']:>22s} predicted "
-              f"{row['predicted_ms']:7.2f} ms  measured "
-              f"{row['measured_ms']:7.2f} ms  meas/pred "
-              f"{row['measured_over_predicted']:5.2f}", flush=True)
+      runs = {"default": [], "auto": []}
+      for _ in range(FLAGS.repeats):
+        for mode in runs:
+          row = _one_process(name, mode, cache)
+          runs[mode].append(row)
+          print(f"{name:12s} {mode:8s} {row['placer']:>22s} predicted "
+                f"{row['predicted_ms']:7.2f} ms  measured "
+                f"{row['measured_ms']:7.2f} ms  meas/pred "
+                f"{row['measured_over_predicted']:5.2f}", flush=True)
+      rows += [_median_run(found) for found in runs.values()]
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
   doc = {"benchmark": "auto_calibration", "tensorflow": tf.__version__,
          "cpu_count": os.cpu_count(), "rounds": FLAGS.rounds,
-         "batch_size": BATCH, "steps": [SHORT, LONG], "rows": rows}
+         "repeats": FLAGS.repeats, "batch_size": BATCH,
+         "steps": [SHORT, LONG], "rows": rows}
   atomic_write_text(FLAGS.out, json.dumps(doc, indent=1) + "\n",
                     overwrite=True)
   print(f"wrote {FLAGS.out}")

@@ -488,9 +488,9 @@ def auto_calibration_section() -> str:
   rows = [[_model(r["model"]), r["mode"], r["placer"], r["devices_used"],
            _f(r["predicted_ms"]), _f(r["measured_ms"]),
            f"**{r['measured_over_predicted']:.2f}**",
+           ", ".join(f"{v:.2f}" for v in r.get("runs", [])),
            _f(r["first_fit_s"], 1)] for r in d["rows"]]
-  auto = [r for r in d["rows"] if r["mode"] == "auto"]
-  within = _within_25(auto, "measured_over_predicted")
+  runs = _runs_within_25(d["rows"])
   return "\n\n".join([
       "## Predictions with `calibration=\"auto\"`",
       f"`python -m benchmarks.auto_calibration` (TensorFlow "
@@ -501,18 +501,32 @@ def auto_calibration_section() -> str:
       "step against the step `fit` takes (median over "
       f"{d['rounds']} rounds of the difference between fits of "
       f"{d['steps'][1]} and {d['steps'][0]} steps, batch "
-      f"{d['batch_size']}), with the default machine model and with this "
+      f"{d['batch_size']}; {d.get('repeats', 1)} processes per model and "
+      "mode, the modes alternating, the row the median one), with the "
+      "default machine model and with this "
       "machine's calibration measured once and cached. `first fit s` is the "
       "first `fit` of a few steps: capture, profile, placement, the check "
       "and, for the first `auto` run, the calibration.",
       _table(["model", "calibration", "plan", "devices used",
-              "predicted ms", "measured ms", "meas / pred", "first fit s"],
-             rows, {3, 4, 5, 6, 7}),
-      f"With `calibration=\"auto\"`: within 25 % on {within} of "
-      f"{len(auto)} models. Where the chosen plan is one device, the link "
-      "and core sharing the calibration fits hardly enter the prediction: "
-      "what is left is the profile's error (traced op times against the "
-      "step `fit` really runs), which calibration does not touch."])
+              "predicted ms", "measured ms", "meas / pred",
+              "meas / pred of each process", "first fit s"],
+             rows, {3, 4, 5, 6, 8}),
+      "Processes within 25 % of their prediction: "
+      + "; ".join(f"{mode} {k} of {n}" for mode, (k, n) in runs.items())
+      + ". One process's ratio moves with this VM's speed jumps (a profile "
+      "taken before a jump mispredicts the step after it by the jump), "
+      "which is why each row shows every process."])
+
+
+def _runs_within_25(rows: list[dict]) -> dict[str, tuple[int, int]]:
+  """Per calibration mode: (processes within 25 %, processes)."""
+  out = {}
+  for r in rows:
+    ratios = r.get("runs") or [r["measured_over_predicted"]]
+    k, n = out.get(r["mode"], (0, 0))
+    out[r["mode"]] = (k + sum(abs(v - 1) <= 0.25 for v in ratios),
+                      n + len(ratios))
+  return out
 
 
 SECTIONS = (capture_section, placement_section, runtime_section,
@@ -585,12 +599,14 @@ def _runtime_claims() -> list[list[str]]:
 
 def _auto_calibration_claims() -> list[list[str]]:
   rows = load("auto_calibration")["rows"]
-  auto = [r for r in rows if r["mode"] == "auto"]
-  return [["simulated vs measured step in `fit`, `calibration=\"auto\"`, "
-           "models outside the runtime benchmark",
-           f"within 25 % on {_within_25(auto, 'measured_over_predicted')} "
-           f"of {len(auto)} (measured / predicted "
-           f"{_span([r['measured_over_predicted'] for r in auto])})",
+  runs = _runs_within_25(rows)
+  auto = [v for r in rows if r["mode"] == "auto"
+          for v in r.get("runs") or [r["measured_over_predicted"]]]
+  return [["simulated vs measured step in `fit` on models outside the "
+           "runtime benchmark, `calibration=\"auto\"` vs the default model",
+           f"within 25 % in {runs['auto'][0]} of {runs['auto'][1]} processes"
+           f" (measured / predicted {_span(auto)}) vs {runs['default'][0]} "
+           f"of {runs['default'][1]}",
            "`python -m benchmarks.auto_calibration`"]]
 
 
