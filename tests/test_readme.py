@@ -288,6 +288,16 @@ def test_every_python_block_compiles():
     compile(block, "<python block>", "exec")
 
 
+def test_first_screen_has_install_the_two_commands_and_an_example():
+  """What a newcomer looks for first, in README's first 60 lines: pip
+  install, `make demo` and `make test`, and the tfopt.compile example."""
+  first = "\n".join(README.splitlines()[:60])
+  for needed in ("pip install 'tfopt[cpu]'", "make demo ", "make test ",
+                 "## Quickstart: `tfopt.compile`", "tfopt.compile(",
+                 "model.fit("):
+    assert needed in first, needed
+
+
 @pytest.mark.slow
 def test_readme_quickstart_runs():
   """The first code a reader meets, within README's first screen."""
