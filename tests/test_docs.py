@@ -110,44 +110,25 @@ def test_code_spans_over_a_line_break_render_as_one():
   assert "<code>tfopt-place --devices=2</code>" in page
 
 
-def _github_slugs(markdown: str) -> set[str]:
-  """The anchors GitHub gives a Markdown page's headings (github-slugger:
-  lower case, punctuation dropped, spaces to hyphens, repeats -1, -2)."""
-  import re
-  seen: dict[str, int] = {}
-  slugs = set()
-  text = re.sub(r"^```.*?^```", "", markdown, flags=re.S | re.M)
-  for heading in re.findall(r"^#{1,6} (.+)$", text, flags=re.M):
-    slug = re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
-    n = seen.get(slug, 0)
-    seen[slug] = n + 1
-    slugs.add(slug if n == 0 else f"{slug}-{n}")
-  return slugs
-
-
 def test_markdown_links_resolve_as_github_renders_them():
   """The site's check reads markdown2's ids; a reader on GitHub follows
   GitHub's: every relative link of README and the guides, file and
   #anchor, resolves there too."""
-  import re
   pages = [ROOT / "README.md"] + sorted((ROOT / "docs").glob("*.md"))
-  broken = []
-  for page in pages:
-    text = page.read_text(encoding="utf-8")
-    prose = re.sub(r"^```.*?^```", "", text, flags=re.S | re.M)
-    for target in re.findall(r"\]\(([^)\s]+)\)", prose):
-      if re.match(r"[a-z]+:", target):
-        continue
-      path, _, anchor = target.partition("#")
-      file = (page.parent / path).resolve() if path else page
-      if not file.exists():
-        broken.append(f"{page.name}: {target}: no such file")
-      elif anchor and file.suffix == ".md" and anchor not in _github_slugs(
-          file.read_text(encoding="utf-8")):
-        broken.append(f"{page.name}: {target}: no such heading")
-  assert broken == []
+  assert _docs_site().broken_links(pages, markdown=True) == []
+
+
+def test_broken_markdown_links_are_named(tmp_path):
+  site = _docs_site()
+  (tmp_path / "b.md").write_text("# There it is\n")
+  page = tmp_path / "a.md"
+  page.write_text("[ok](b.md#there-it-is) [x](b.md#gone) [y](c.md)\n"
+                  "```\n[in code](nowhere.md)\n```\n")
+  assert site.broken_links([page], markdown=True) == [
+      "a.md: b.md#gone: no such heading", "a.md: c.md: no such file"]
 
 
 def test_github_slugs_oracle():
-  assert _github_slugs("# A / B: c\n## `x.y` z\n## A / B: c\n```\n# no\n```") \
-      == {"a--b-c", "xy-z", "a--b-c-1"}
+  assert _docs_site().github_slugs(
+      "# A / B: c\n## `x.y` z\n## A / B: c\n```\n# no\n```") == {
+          "a--b-c", "xy-z", "a--b-c-1"}

@@ -103,14 +103,9 @@ def auto_calibration(devices, *, directory: str | os.PathLike | None = None,
   "logical" calibration when they are two or more CPU devices of this
   process; None otherwise (nothing here to calibrate without the user's
   servers, or one device: no link)."""
-  import tensorflow as tf  # pylint: disable=g-import-not-at-top
-  from tfopt.runtime.remote import is_remote  # pylint: disable=g-import-not-at-top
+  from tfopt.runtime.remote import in_process_cpus  # pylint: disable=g-import-not-at-top
   names = list(devices)
-  local_cpus = all(
-      not is_remote(d) and
-      (tf.DeviceSpec.from_string(d).device_type or "").upper() == "CPU"
-      for d in names)
-  if not local_cpus or len(names) < 2:
+  if not in_process_cpus(names) or len(names) < 2:
     return None
   return cached_calibration("logical", len(names), directory=directory,
                             measure=measure)

@@ -402,17 +402,13 @@ class _OptimizedTrainFunction:
     """The devices as a Cluster; each device's type from its string (a
     placer keeps CPU-only ops off GPUs). CPU devices of this process hand
     tensors over without a copy (CommModel.shared_buffers)."""
-    import tensorflow as tf  # pylint: disable=g-import-not-at-top
     from tfopt.cluster import Cluster, Device  # pylint: disable=g-import-not-at-top
     from tfopt.cost.comm import CommModel  # pylint: disable=g-import-not-at-top
-    from tfopt.runtime.remote import is_remote  # pylint: disable=g-import-not-at-top
-    devices = tuple(
-        Device(d, (tf.DeviceSpec.from_string(d).device_type or
-                   "CPU").upper(), self.memory_per_device)
-        for d in self.devices)
-    in_process_cpus = all(d.device_type == "CPU" and not is_remote(d.name)
-                          for d in devices)
-    cluster = Cluster(devices, CommModel(shared_buffers=in_process_cpus))
+    from tfopt.runtime.remote import device_type, in_process_cpus  # pylint: disable=g-import-not-at-top
+    devices = tuple(Device(d, device_type(d), self.memory_per_device)
+                    for d in self.devices)
+    cluster = Cluster(devices, CommModel(
+        shared_buffers=in_process_cpus(self.devices)))
     if self.calibration is not None:
       cluster = self.calibration.applied_to(cluster)
     return cluster
@@ -434,13 +430,13 @@ class _OptimizedTrainFunction:
     where a cap is real memory (server tasks under OS caps, GPUs)."""
     from tfopt.compile_placement import fits_one_device  # pylint: disable=g-import-not-at-top
     from tfopt.cost.profile import profile_step  # pylint: disable=g-import-not-at-top
-    from tfopt.runtime.remote import is_remote  # pylint: disable=g-import-not-at-top
+    from tfopt.runtime.remote import in_process_cpus, is_remote  # pylint: disable=g-import-not-at-top
     cache = _PROFILES.setdefault(self.model, {})
     if key in cache:
       return cache[key]
     local = not any(is_remote(d) for d in self.devices)
-    if local and (all(_is_cpu(d) for d in self.devices)
-                  or fits_one_device(step, self.memory_per_device)):
+    if in_process_cpus(self.devices) or (
+        local and fits_one_device(step, self.memory_per_device)):
       cache[key] = profile_step(step, inputs=inputs)
       return cache[key]
     first = dataclasses.replace(ctx, costs=None, results={}, choose=None)
@@ -471,12 +467,6 @@ class _OptimizedTrainFunction:
     keras_of = {id(v.value): v for v in keras_variables(self.model)}
     return {name: keras_of.get(id(var), var)
             for name, var in step.variables.items()}
-
-
-def _is_cpu(device: str) -> bool:
-  """Whether a device string names a CPU (of this process or not)."""
-  import tensorflow as tf  # pylint: disable=g-import-not-at-top
-  return (tf.DeviceSpec.from_string(device).device_type or "").upper() == "CPU"
 
 
 def _with_xla(step, inputs, graph, unmarked_run):

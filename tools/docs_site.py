@@ -10,7 +10,9 @@ dependency; pdoc renders the docstrings with it too). Links between pages
 are rewritten from the repository's layout (`docs/x.md#a`, `x.md`,
 `../README.md`) to the site's; pictures are copied beside the pages.
 `broken_links` checks every link of the pages written here: the file
-exists and, for `#anchor`, the target page has that id.
+exists and, for `#anchor`, the target page has that id; with
+`markdown=True` it checks README and the guides as GitHub shows them
+(its heading slugs).
 """
 
 from __future__ import annotations
@@ -145,26 +147,61 @@ def write_pages(out: pathlib.Path, *, api: bool) -> list[pathlib.Path]:
   return written
 
 
-def broken_links(pages: list[pathlib.Path]) -> list[str]:
-  """Every link of `pages` whose file or anchor is missing, one line each."""
-  ids: dict[pathlib.Path, set[str]] = {}
+def html_ids(text: str) -> set[str]:
+  """The anchors of an HTML page: its elements' ids."""
+  return set(re.findall(r'\sid="([^"]+)"', text))
 
-  def ids_of(path: pathlib.Path) -> set[str]:
-    if path not in ids:
-      text = path.read_text(encoding="utf-8", errors="replace")
-      ids[path] = set(re.findall(r'\sid="([^"]+)"', text))
-    return ids[path]
 
+def github_slugs(markdown: str) -> set[str]:
+  """The anchors GitHub gives a Markdown page's headings (github-slugger:
+  lower case, punctuation dropped, spaces to hyphens, repeats -1, -2)."""
+  seen: dict[str, int] = {}
+  slugs = set()
+  text = re.sub(r"^```.*?^```", "", markdown, flags=re.S | re.M)
+  for heading in re.findall(r"^#{1,6} (.+)$", text, flags=re.M):
+    slug = re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
+    n = seen.get(slug, 0)
+    seen[slug] = n + 1
+    slugs.add(slug if n == 0 else f"{slug}-{n}")
+  return slugs
+
+
+def _html_targets(text: str) -> list[str]:
+  return re.findall(r'(?:href|src)="([^"]+)"', text)
+
+
+def _markdown_targets(text: str) -> list[str]:
+  prose = re.sub(r"^```.*?^```", "", text, flags=re.S | re.M)
+  return re.findall(r"\]\(([^)\s]+)\)", prose)
+
+
+def broken_links(pages: list[pathlib.Path], *, markdown: bool = False
+                 ) -> list[str]:
+  """Every link of `pages` whose file or anchor is missing, one line each.
+
+  HTML pages (the site): href/src targets, anchors as the pages' ids.
+  `markdown`: Markdown pages as GitHub shows them: link targets outside
+  code blocks, anchors as GitHub slugs the target's headings.
+  """
+  targets_of, suffix, anchors_of, what = (
+      (_markdown_targets, ".md", github_slugs, "heading") if markdown else
+      (_html_targets, ".html", html_ids, "anchor"))
+  anchors: dict[pathlib.Path, set[str]] = {}
   found = []
   for page in pages:
-    text = page.read_text(encoding="utf-8")
-    for target in re.findall(r'(?:href|src)="([^"]+)"', text):
+    for target in targets_of(page.read_text(encoding="utf-8")):
       if re.match(r"[a-z]+:", target):
         continue
       path, _, anchor = target.partition("#")
       file = (page.parent / path).resolve() if path else page
       if not file.is_file():
         found.append(f"{page.name}: {target}: no such file")
-      elif anchor and file.suffix == ".html" and anchor not in ids_of(file):
-        found.append(f"{page.name}: {target}: no such anchor")
+        continue
+      if not anchor or file.suffix != suffix:
+        continue
+      if file not in anchors:
+        anchors[file] = anchors_of(
+            file.read_text(encoding="utf-8", errors="replace"))
+      if anchor not in anchors[file]:
+        found.append(f"{page.name}: {target}: no such {what}")
   return found

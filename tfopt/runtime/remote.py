@@ -133,3 +133,14 @@ def is_remote(device: str) -> bool:
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
   job = tf.DeviceSpec.from_string(device).job
   return job not in (None, "localhost")
+
+
+def device_type(device: str) -> str:
+  """A device string's type, upper case ("CPU" where it names none)."""
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  return (tf.DeviceSpec.from_string(device).device_type or "CPU").upper()
+
+
+def in_process_cpus(devices) -> bool:
+  """Whether every device string names a CPU device of this process."""
+  return all(not is_remote(d) and device_type(d) == "CPU" for d in devices)
