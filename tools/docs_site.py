@@ -51,7 +51,8 @@ NAV = {"compile": "tfopt.compile", "placement": "Placement",
        "scale": "Scale", "export": "Export", "tensorboard": "TensorBoard",
        "demo": "make demo",
        "compatibility": "Compatibility", "benchmarks": "Measured results",
-       "limits": "Limits", "development": "Development"}
+       "security": "Security", "limits": "Limits",
+       "development": "Development"}
 
 
 def _guides() -> list[pathlib.Path]:

@@ -28,7 +28,8 @@ def main() -> None:
   with LoopbackServers({"worker": 2, "ps": 1}) as servers:
     resolver = tf.distribute.cluster_resolver.SimpleClusterResolver(
         tf.train.ClusterSpec(servers.spec), rpc_layer="grpc")
-    strategy = tf.distribute.ParameterServerStrategy(resolver)
+    with servers.entered():  # the coordinator listens where the tasks are
+      strategy = tf.distribute.ParameterServerStrategy(resolver)
     with strategy.scope():
       model = keras.Sequential([keras.Input((3,)),
                                 keras.layers.Dense(1, use_bias=False)])

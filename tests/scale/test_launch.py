@@ -8,6 +8,7 @@ import socket
 
 import pytest
 
+from tfopt.runtime import netns
 from tfopt.scale.launch import (Fault, LaunchError, LaunchResult, free_ports,
                                 launch, main, summary)
 
@@ -225,9 +226,14 @@ def test_bad_input(tmp_path):
     Fault.parse("explode:1:2")
   with pytest.raises(ValueError, match="Argument `faults`"):
     launch([FAKE, "ok"], workers=2, faults=["kill:5:1"])
-  with socket.socket() as busy:
-    busy.bind(("127.0.0.1", 0))
-    busy.listen()
+  # The workers listen inside the job's network namespace: a port is in
+  # use where something there holds it.
+  def bound():
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    s.listen()
+    return s
+  with netns.job_namespace().run_inside(bound) as busy:
     port = busy.getsockname()[1]
     with pytest.raises(ValueError, match=f"port {port} is in use"):
       launch([FAKE, "ok"], workers=2, ports=[port, free_ports(1)[0]])

@@ -8,7 +8,16 @@ import os
 import sys
 from typing import Callable, NoReturn
 
-from absl import app
+from absl import app, flags
+
+from tfopt.runtime.netns import ALLOW_EXPOSED_ENV
+
+flags.DEFINE_bool(
+    "allow_exposed_servers", False,
+    "Where the TensorFlow servers this command starts cannot be confined to "
+    "a private network namespace (not root), run them on every interface "
+    "anyway, with a warning: anyone who reaches the machine can run graphs "
+    f"in them. Same as {ALLOW_EXPOSED_ENV}=1.")
 
 
 def _program() -> str:
@@ -30,6 +39,8 @@ def run_main(main: Callable[[list[str]], int | None], doc: str | None
     main_module.__doc__ = doc
 
   def guarded(argv):
+    if flags.FLAGS.allow_exposed_servers:  # children (workers) inherit it
+      os.environ[ALLOW_EXPOSED_ENV] = "1"
     try:
       status = main(argv)
     except app.UsageError as err:

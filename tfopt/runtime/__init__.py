@@ -2,7 +2,8 @@
 (session.py), placed steps on logical devices or server processes with
 actual-device verification (placed.py, processes.py), OS memory caps and
 measured peaks (caps.py, memory.py), tasks of a cluster as devices of this
-process (remote.py), a Keras model's variables moved onto planned devices
+process (remote.py), the job's private network namespace its server
+tasks run in (netns.py, relay.py), a Keras model's variables moved onto planned devices
 (variables.py), XLA per device (xla.py), the simulator's prediction against
 the clock (prediction.py), what a placed step really did op by op
 (timeline.py), and the fit of a cluster's link and core sharing
@@ -42,6 +43,8 @@ _LAZY = {
     "measure_timeline": "tfopt.runtime.timeline",
     "read_timeline": "tfopt.runtime.timeline",
     "pinned_cpus": "tfopt.runtime.processes",
+    "JobNamespace": "tfopt.runtime.netns",
+    "job_namespace": "tfopt.runtime.netns",
 }
 
 __getattr__ = lazy_getattr("tfopt.runtime", _LAZY)

@@ -4,15 +4,18 @@ Each task is its own OS process running `tf.distribute.Server` (see
 server.py); a client session connects to task 0's gRPC target and runs a
 graph whose nodes carry `/job:worker/task:i/device:CPU:0` device strings, so
 every cross-task tensor goes through TensorFlow's own distributed runtime
-(rendezvous, gRPC). No home-made RPC. Several jobs (workers and parameter
+(rendezvous, gRPC). No home-made RPC. The tasks run inside this process's
+private network namespace (`tfopt.runtime.netns`): TensorFlow binds every
+interface and lets whoever connects run graphs, so nothing outside this
+process and its tasks can reach them. Several jobs (workers and parameter
 servers) make the cluster a ParameterServerStrategy connects to.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -23,7 +26,7 @@ from tfopt._native import tensorflow_only_env
 from tfopt._net import free_ports
 from tfopt.cluster import Cluster
 from tfopt.cost.comm import CommModel
-from tfopt.runtime import caps
+from tfopt.runtime import caps, netns, remote
 
 
 def _task_counts(num_tasks, job: str) -> dict[str, int]:
@@ -72,14 +75,6 @@ def _check_cpus(cpus, num_tasks: int) -> list[list[int]] | None:
   return out
 
 
-def _accepts(port: int) -> bool:
-  try:
-    with socket.create_connection(("localhost", port), timeout=0.5):
-      return True
-  except OSError:
-    return False
-
-
 class LoopbackServers:
   """Starts server processes on loopback; a context manager that stops them.
 
@@ -100,7 +95,8 @@ class LoopbackServers:
                memory_limit_bytes: int | None = None,
                cpus: Sequence[Sequence[int]] | None = None,
                intra_op_threads: int | None = None,
-               inter_op_threads: int | None = None):
+               inter_op_threads: int | None = None,
+               allow_exposed: bool = False):
     """Args:
       num_tasks: a task count for `job`, or {job: task count}.
       job: the job name for an int `num_tasks`.
@@ -118,6 +114,11 @@ class LoopbackServers:
         with one intra-op thread is one core's worth of device; give it two
         inter-op threads when it exchanges tensors with other tasks (with
         one, a Send waits behind the op running, and its peer idles).
+      allow_exposed: where the tasks cannot be confined to the job's network
+        namespace (not root, no namespaces), run them on every interface
+        anyway, with a warning naming the ports (also
+        TFOPT_ALLOW_EXPOSED_SERVERS=1). False: PermissionError there.
+        Where they can be confined, they always are.
     """
     if memory_limit_bytes is not None:
       check_positive_int("memory_limit_bytes", memory_limit_bytes)
@@ -140,7 +141,12 @@ class LoopbackServers:
     self._peaks: list[caps.ProcessPeak] = []
     self.tasks = [(name, i) for name, count in counts.items()
                   for i in range(count)]
-    self.ports = free_ports(len(self.tasks))
+    self.namespace = netns.confine("The server tasks of LoopbackServers",
+                                   allow_exposed)
+    self.ports = (self.namespace.reserve_ports(len(self.tasks))
+                  if self.namespace else free_ports(len(self.tasks)))
+    if self.namespace is None:
+      netns.warn_exposed("The server tasks of LoopbackServers", self.ports)
     spec: dict[str, list[str]] = {name: [] for name in counts}
     for (name, _), port in zip(self.tasks, self.ports):
       spec[name].append(f"localhost:{port}")
@@ -194,7 +200,7 @@ class LoopbackServers:
           raise RuntimeError(f"Server task {name}:{i} exited with code "
                              f"{self._procs[k].returncode} at start-up "
                              f"(port {self.ports[k]}).")
-        if _accepts(self.ports[k]):
+        if self.listening(k):
           waiting.remove(k)
       if waiting and time.monotonic() > deadline:
         late = [f"{self.tasks[k][0]}:{self.tasks[k][1]}" for k in waiting]
@@ -203,7 +209,7 @@ class LoopbackServers:
       time.sleep(0.1)
 
   def _task_flags(self, k: int) -> list[str]:
-    flags = []
+    flags = [f"--netns={self.namespace.path}"] if self.namespace else []
     if self.cpus is not None:
       flags.append("--cpus=" + ",".join(str(c) for c in self.cpus[k]))
     if self.intra_op_threads is not None:
@@ -211,6 +217,26 @@ class LoopbackServers:
     if self.inter_op_threads is not None:
       flags.append(f"--inter_op_threads={self.inter_op_threads}")
     return flags
+
+  def listening(self, k: int) -> bool:
+    """Whether task `k` accepts connections (asked inside the namespace:
+    outside, the relay accepts before the task listens)."""
+    return remote.answers(f"localhost:{self.ports[k]}", timeout_s=0.5)
+
+  @property
+  def confined(self) -> bool:
+    """Whether the tasks run in the job's private network namespace."""
+    return self.namespace is not None
+
+  def entered(self):
+    """A context manager: the calling thread inside the tasks' network
+    namespace. Wrap what starts this process's own TensorFlow server for
+    the cluster, e.g. `tf.distribute.ParameterServerStrategy(resolver)`
+    (its coordinator listens for the tasks' calls back): inside, only the
+    tasks reach it. `tfopt.compile` and `tfopt.runtime.remote.connect` do
+    this themselves. A no-op where the tasks are not confined."""
+    return (self.namespace.entered() if self.namespace
+            else contextlib.nullcontext())
 
   @property
   def pinned(self) -> bool:

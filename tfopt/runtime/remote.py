@@ -7,18 +7,21 @@ hosts running `tf.distribute.Server`, described the same way (a
 `TF_CONFIG`-style dict or JSON string, or the `TF_CONFIG` environment
 variable). `connect` makes the cluster's devices devices of this process's
 eager runtime (`tf.config.experimental_connect_to_cluster`; this process
-joins as job "localhost"), so Keras variables can live on them and a
+joins as job "localhost", its server inside the job's network namespace
+where the tasks are `LoopbackServers`'), so Keras variables can live on them and a
 `tf.function` runs across them, every cross-task tensor going through
 TensorFlow's own rendezvous and gRPC.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 from typing import Any, Mapping
 
 from tfopt._errors import invalid_argument
+from tfopt.runtime import netns
 
 # The spec this process is connected to (connecting again with another
 # invalidates every tensor on the old remote devices).
@@ -82,32 +85,51 @@ def connect(cluster: Any, timeout_s: float = 30.0) -> dict[str, list[str]]:
         f"({_CONNECTED}): connecting to another would invalidate every "
         f"tensor on the first", spec)
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  from tensorflow.python.eager import context  # pylint: disable=g-import-not-at-top
   _check_reachable(spec, timeout_s)
+  job = netns.holding([a for addrs in spec.values() for a in addrs])
   resolver = tf.distribute.cluster_resolver.SimpleClusterResolver(
       tf.train.ClusterSpec(spec), rpc_layer="grpc")
-  tf.config.experimental_connect_to_cluster(
-      resolver, make_master_device_default=False)
+  # Tasks of this process's job namespace call back to this process's own
+  # server (job "localhost"): it is made inside the namespace, where only
+  # they reach it. TensorFlow starts it with the eager context, hence the
+  # explicit initialisation in the block.
+  with job.entered() if job else contextlib.nullcontext():
+    tf.config.experimental_connect_to_cluster(
+        resolver, make_master_device_default=False)
+    context.ensure_initialized()
   _CONNECTED = spec
   return spec
 
 
-def _check_reachable(spec, timeout_s: float) -> None:
+def answers(address: str, timeout_s: float = 1.0) -> bool:
+  """Whether the task at "host:port" accepts a TCP connection. Asked inside
+  the job's network namespace where the address is one of its tasks:
+  outside, the relay accepts for a task that is not (or no longer) there."""
   import socket  # pylint: disable=g-import-not-at-top
+  host, _, port = address.rpartition(":")
+
+  def knock() -> bool:
+    try:
+      with socket.create_connection((host, int(port)), timeout=timeout_s):
+        return True
+    except (OSError, ValueError):
+      return False
+  job = netns.holding([address])
+  return job.run_inside(knock) if job else knock()
+
+
+def _check_reachable(spec, timeout_s: float) -> None:
   import time  # pylint: disable=g-import-not-at-top
   for job, addrs in spec.items():
     for i, addr in enumerate(addrs):
-      host, _, port = addr.rpartition(":")
       deadline = time.monotonic() + timeout_s
-      while True:
-        try:
-          with socket.create_connection((host, int(port)), timeout=1.0):
-            break
-        except (OSError, ValueError):
-          if time.monotonic() > deadline:
-            raise invalid_argument(
-                "devices", f"tasks that are running (task /job:{job}/task:"
-                f"{i} at {addr} does not answer)", spec) from None
-          time.sleep(0.2)
+      while not answers(addr):
+        if time.monotonic() > deadline:
+          raise invalid_argument(
+              "devices", f"tasks that are running (task /job:{job}/task:"
+              f"{i} at {addr} does not answer)", spec) from None
+        time.sleep(0.2)
 
 
 def connected_spec() -> dict[str, list[str]] | None:

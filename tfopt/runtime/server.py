@@ -46,7 +46,13 @@ def main(argv=None) -> int:
                       help="comma-separated cores to pin this process to")
   parser.add_argument("--parent", type=int, default=None,
                       help="exit when this pid is no longer the parent")
+  parser.add_argument("--netns", default="",
+                      help="a network namespace to serve in (its path, e.g. "
+                      "/proc/PID/ns/net), entered before any other thread")
   args = parser.parse_args(argv)
+  if args.netns:
+    from tfopt.runtime import netns  # pylint: disable=g-import-not-at-top
+    netns.enter_path(args.netns)
   if args.parent is not None:
     _exit_with(args.parent)
   if args.cpus:

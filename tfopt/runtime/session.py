@@ -96,7 +96,6 @@ _REMOTE_FAILURES = (tf.errors.DeadlineExceededError, tf.errors.UnavailableError,
 
 def _unanswered(graph_def) -> str:
   """Which tasks the graph names do not accept connections any more."""
-  import socket  # pylint: disable=g-import-not-at-top
   from tfopt.runtime import remote  # pylint: disable=g-import-not-at-top
   spec = remote.connected_spec() or {}
   dead = []
@@ -105,11 +104,7 @@ def _unanswered(graph_def) -> str:
     addrs = spec.get(parsed.job or "", [])
     if parsed.task is None or parsed.task >= len(addrs):
       continue
-    host, _, port = addrs[parsed.task].rpartition(":")
-    try:
-      with socket.create_connection((host, int(port)), timeout=1.0):
-        pass
-    except OSError:
+    if not remote.answers(addrs[parsed.task]):
       dead.append(f"/job:{parsed.job}/task:{parsed.task} ({addrs[parsed.task]})")
   return (f"tasks no longer answering: {', '.join(dead)}" if dead else
           "every task still answers (the run was slower than "

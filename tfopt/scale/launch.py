@@ -52,6 +52,7 @@ import time
 from tfopt._errors import invalid_argument
 from tfopt._io import atomic_write_text
 from tfopt._net import free_ports
+from tfopt.runtime import netns
 from tfopt.scale import heartbeat as hb
 from tfopt.scale import protocol as wk
 
@@ -242,7 +243,7 @@ class _Attempt:
       self.logs.append(log)
       with open(log, "ab") as out:
         self.procs.append(subprocess.Popen(  # pylint: disable=consider-using-with
-            cfg.command, env=env, stdout=out, stderr=subprocess.STDOUT,
+            cfg.worker_command(), env=env, stdout=out, stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL, start_new_session=True))
 
   def _inject(self) -> None:
@@ -415,7 +416,8 @@ class Launcher:
                heartbeat_timeout_s=5.0, stuck_factor=10.0, min_stuck_s=10.0,
                startup_timeout_s=300.0, collective_timeout_factor=20.0,
                min_collective_timeout_s=30.0, faults=(), ports=None,
-               env=None, poll_s=0.05, phase_budget_s=None):
+               env=None, poll_s=0.05, phase_budget_s=None,
+               allow_exposed=False):
     if isinstance(workers, bool) or not isinstance(workers, int) or \
         workers < 1:
       raise invalid_argument("workers", "a positive integer", workers)
@@ -449,11 +451,14 @@ class Launcher:
       if not 0 <= fault.worker < workers:
         raise invalid_argument("faults", f"faults on workers 0..{workers - 1}",
                                fault)
+    # The workers' TensorFlow servers listen on every interface of the
+    # network namespace they run in: this process's private one.
+    self.namespace = netns.confine("The launcher's workers", allow_exposed)
     if ports is not None:
       ports = [int(p) for p in ports]
       if len(ports) != workers or len(set(ports)) != workers:
         raise invalid_argument("ports", f"{workers} distinct ports", ports)
-      _check_ports_free(ports)
+      self._inside(_check_ports_free, ports)
     if run_dir is None:
       run_dir = tempfile.mkdtemp(prefix="tfopt-launch-")
     run_dir = os.path.abspath(os.fspath(run_dir))
@@ -490,6 +495,19 @@ class Launcher:
     self.forwarded = False
     self.attempts: list = []
     self._first_attempt = self._previous_attempts()
+
+  def _inside(self, fn, *args):
+    """fn(*args) in the workers' network namespace."""
+    return self.namespace.run_inside(fn, *args) if self.namespace \
+        else fn(*args)
+
+  def worker_command(self) -> list[str]:
+    """The command a worker process runs: `command` inside the job's
+    network namespace."""
+    if self.namespace is None:
+      return list(self.command)
+    return [sys.executable, "-m", "tfopt.runtime.netns",
+            f"--enter={self.namespace.path}", "--", *self.command]
 
   def _previous_attempts(self) -> int:
     """A relaunch into the same run directory continues its numbering."""
@@ -535,7 +553,9 @@ class Launcher:
     while True:
       attempt = _Attempt(self, index)
       ports = self.ports if (self.ports and not self.attempts) else \
-          free_ports(self.workers)
+          self._inside(free_ports, self.workers)
+      if self.namespace is None:
+        netns.warn_exposed("The launcher's workers", ports)
       attempt.start(ports)
       self.attempts.append(attempt.record)
       try:
@@ -612,7 +632,10 @@ def launch(command, workers: int, **kwargs) -> LaunchResult:
   epoch_end 300), startup_timeout_s (300), collective_timeout_factor (20 median step times,
   at least min_collective_timeout_s 30) for later attempts, faults
   (Fault or 'kind:worker:step[:attempt]' strings), ports (fixed ports for
-  the first attempt), env (extra environment variables)."""
+  the first attempt), env (extra environment variables), allow_exposed
+  (False: the workers run in this process's private network namespace,
+  and where none can be made, PermissionError; True: there, they run on
+  every interface with a warning)."""
   return Launcher(command, workers, **kwargs).run()
 
 
@@ -634,6 +657,9 @@ def main(argv=None) -> int:
                         default=DEFAULTS[name])
   parser.add_argument("--ports", default=None,
                       help="comma-separated ports for the first attempt")
+  parser.add_argument("--allow_exposed_servers", action="store_true",
+                      help="run the workers on every interface where they "
+                           "cannot be confined (not root), with a warning")
   parser.add_argument("--inject", action="append", default=[],
                       help="kind:worker:step[:attempt], kind in kill, stop, "
                            "term (testing the restart path)")
@@ -644,6 +670,7 @@ def main(argv=None) -> int:
   return run_and_report(
       command, args.workers, run_dir=args.run_dir, faults=args.inject,
       ports=(args.ports.split(",") if args.ports else None),
+      allow_exposed=args.allow_exposed_servers,
       **{name: getattr(args, name) for name in CLI_KNOBS})
 
 

@@ -14,7 +14,10 @@ optimizer step counter is not atomic across workers: `iterations` can end
 lower than the steps run (measured: 15 of 20 on 2 workers), so the steps
 are counted here from the scheduled closures.
 
-    strategy = tf.distribute.ParameterServerStrategy(resolver)
+    # On LoopbackServers: the coordinator's own server inside the tasks'
+    # private network namespace, where they call back to it.
+    with servers.entered():
+      strategy = tf.distribute.ParameterServerStrategy(resolver)
     with strategy.scope():
       model = make_model()
       optimizer = keras.optimizers.SGD(0.1)
