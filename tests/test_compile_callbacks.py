@@ -61,17 +61,18 @@ def test_pruning_mid_fit_keeps_the_hook_and_its_losses():
     assert np.all(weights[path][~keep] == 0), path
 
 
-def test_distillation_with_the_hook_matches_plain_keras():
+@pytest.mark.parametrize("method", ["moe_pruner", "router_obs"])
+def test_distillation_with_the_hook_matches_plain_keras(method):
   teacher, x, y = _moe(seed=1)
   teacher.compile(optimizer="adam", loss=teacher.loss)
   plain, hooked, _, _ = _twins()
   for model in (plain, hooked):
     model.set_weights(teacher.get_weights())
   expected = plain.fit(x, y, callbacks=[
-      MoEPruner(x[:32], sparsity=0.5, min_tokens=1),
+      MoEPruner(x[:32], method=method, sparsity=0.5, min_tokens=1),
       ExpertDistiller(teacher, lambda_=0.5)], **FIT).history["loss"]
   losses = hooked.fit(x, y, callbacks=[
-      MoEPruner(x[:32], sparsity=0.5, min_tokens=1),
+      MoEPruner(x[:32], method=method, sparsity=0.5, min_tokens=1),
       ExpertDistiller(teacher, lambda_=0.5)], **FIT).history["loss"]
   np.testing.assert_allclose(losses, expected, rtol=1e-5)
   assert _is_hook(hooked)

@@ -124,6 +124,7 @@ def prune_moe(model, data, method: str = "moe_pruner", sparsity=None,
               pattern=None, *, batch_size: int = 16,
               wanda_tokens: str = "routed", blocksize: int = 128,
               percdamp: float = 0.01, min_tokens: int = 16,
+              prior_tokens: float = 128.0,
               previous_masks: dict | None = None, install: bool = False,
               also_prune=None, verbose: int = 1) -> PruneReport:
   """Prunes every recognised MoE layer's expert kernels in place.
@@ -132,18 +133,24 @@ def prune_moe(model, data, method: str = "moe_pruner", sparsity=None,
     model: a Keras 3 model with MoE layers (see `tfopt.pruning.adapters`).
     data: calibration inputs: an array (N, ...) shaped like the model's
       input, or a list of such batches.
-    method: "moe_pruner", "wanda", "magnitude" or "sparsegpt".
+    method: "moe_pruner", "wanda", "magnitude", "sparsegpt" or
+      "router_obs" (SparseGPT's OBS update with the router-gate-weighted
+      Hessian, see `tfopt.pruning.methods`).
     sparsity: fraction in [0, 1) removed from each comparison group
       (each output neuron; each expert matrix for magnitude); default 0.5.
       With an N:M pattern it may only repeat the pattern's (1 - N/M).
     pattern: None / "unstructured", or "N:M" (e.g. "2:4": N of every M
       consecutive inputs kept in every output neuron).
     wanda_tokens: "routed" (the tokens routed to the expert) or "all".
-    blocksize, percdamp: SparseGPT's column block and Hessian dampening.
+    blocksize, percdamp: SparseGPT's column block and Hessian dampening
+      (also router_obs').
     min_tokens: warn when an expert gets fewer calibration tokens; an
-      expert with none is pruned by magnitude (with a warning).
+      expert with none is pruned by magnitude (router_obs: by the layer's
+      pooled Hessian), with a warning.
+    prior_tokens: router_obs: pseudo-tokens of the layer's pooled
+      per-token Hessian added to each expert's (a number >= 0).
     previous_masks: {path: keep} already applied (gradual pruning): those
-      weights stay pruned. Not supported with sparsegpt.
+      weights stay pruned. Not supported with sparsegpt or router_obs.
     also_prune: only expert kernels are pruned unless asked: a regex (or a
       list) matched against layer names selects `keras.layers.Dense` layers
       pruned too, each as one expert that every token reaches with gate 1
@@ -155,7 +162,8 @@ def prune_moe(model, data, method: str = "moe_pruner", sparsity=None,
   """
   import keras  # pylint: disable=import-outside-toplevel
   opts = _Options(method, resolve_pattern(sparsity, pattern), wanda_tokens,
-                  blocksize, percdamp, min_tokens, previous_masks or {})
+                  blocksize, percdamp, min_tokens, previous_masks or {},
+                  prior_tokens)
   _check_arguments(opts, batch_size)
   layers = find_moe_layers(model)
   adapters = {id(layer): adapter_for(layer) for layer in layers}
@@ -192,6 +200,7 @@ class _Options:
   percdamp: float
   min_tokens: int
   previous_masks: dict
+  prior_tokens: float = 128.0
 
   @property
   def uses_data(self) -> bool:
@@ -204,17 +213,22 @@ def _check_arguments(opts: _Options, batch_size: int) -> None:
                            opts.method)
   check_positive_int("batch_size", batch_size)
   check_positive_int("blocksize", opts.blocksize)
-  if (opts.method == "sparsegpt" and opts.pattern.structured
+  obs = opts.method in methods_lib.OBS_METHODS
+  if (obs and opts.pattern.structured
       and opts.blocksize % opts.pattern.m):
     raise invalid_argument("blocksize", f"a multiple of M={opts.pattern.m}",
                            opts.blocksize)
   if opts.wanda_tokens not in ("routed", "all"):
     raise invalid_argument("wanda_tokens", '"routed" or "all"',
                            opts.wanda_tokens)
-  if opts.previous_masks and opts.method == "sparsegpt":
-    raise invalid_argument("previous_masks", "None with method='sparsegpt' "
-                           "(its weight updates cannot keep an earlier mask)",
-                           "{...}")
+  if opts.previous_masks and obs:
+    raise invalid_argument("previous_masks", f"None with method="
+                           f"{opts.method!r} (its weight updates cannot keep "
+                           "an earlier mask)", "{...}")
+  prior = opts.prior_tokens
+  if isinstance(prior, bool) or not isinstance(prior, (int, float)) or \
+      not prior >= 0 or prior == float("inf"):
+    raise invalid_argument("prior_tokens", "a finite number >= 0", prior)
 
 
 def _prune_layer(model, layer, adapter, batches, opts: _Options,
@@ -236,7 +250,7 @@ def _prune_layer(model, layer, adapter, batches, opts: _Options,
                          opts)
     starved = [int(e) for e in np.flatnonzero(stats.tokens == 0)]
     if opts.uses_data and stage == INPUT:
-      _warn_starved(layer, stats, starved, opts.min_tokens, report)
+      _warn_starved(layer, stats, starved, opts, report)
     for k in stage_kernels:
       _prune_kernel(layer, k, stats, starved if opts.uses_data else (),
                     opts, report)
@@ -247,7 +261,8 @@ def _stage_stats(layer, adapter, stage, stage_kernels, inputs, gates,
   """The calibration statistics of one stage's inputs, per expert."""
   d_in = int(stage_kernels[0].variable.shape[-2])
   stats = methods_lib.Stats.zeros(adapter.num_experts(layer), d_in,
-                                  hessian=opts.method == "sparsegpt")
+                                  hessian=opts.method == "sparsegpt",
+                                  gated_hessian=opts.method == "router_obs")
   for x, g in zip(inputs, gates):
     # HIDDEN inputs are recomputed with the just-pruned INPUT kernels.
     stats.add(x if stage == INPUT else
@@ -255,15 +270,18 @@ def _stage_stats(layer, adapter, stage, stage_kernels, inputs, gates,
   return stats
 
 
-def _warn_starved(layer, stats, starved, min_tokens: int,
+def _warn_starved(layer, stats, starved, opts: _Options,
                   report: PruneReport) -> None:
   """Warns about experts with no or too few calibration tokens."""
+  min_tokens = opts.min_tokens
+  instead = ("the layer's pooled router-weighted Hessian"
+             if opts.method == "router_obs" else "magnitude")
   few = [int(e) for e in np.flatnonzero(
       (stats.tokens > 0) & (stats.tokens < min_tokens))]
   messages = []
   if starved:
     messages.append(f"MoE layer '{layer.name}': experts {starved} received "
-                    f"no calibration token; they are pruned by magnitude.")
+                    f"no calibration token; they are pruned by {instead}.")
   if few:
     messages.append(f"MoE layer '{layer.name}': experts {few} received "
                     f"fewer than min_tokens={min_tokens} calibration tokens "
@@ -285,8 +303,7 @@ def _prune_kernel(layer, k, stats, starved, opts: _Options,
   if flat:
     old = old[None]
     prev = None if prev is None else np.asarray(prev)[None]
-  new, keep = _prune(opts.method, old, stats, opts.pattern, opts.wanda_tokens,
-                     opts.blocksize, opts.percdamp, starved, prev)
+  new, keep = _prune(opts, old, stats, starved, prev)
   if flat:
     old, new, keep = old[0], new[0], keep[0]
   var.assign(new.astype(old.dtype))
@@ -326,12 +343,13 @@ def _dense_layers(model, also_prune) -> list:
   return chosen
 
 
-def _prune(method, old, stats, pat, wanda_tokens, blocksize, percdamp,
-           starved, prev):
+def _prune(opts: _Options, old, stats, starved, prev):
+  method, pat, wanda_tokens = opts.method, opts.pattern, opts.wanda_tokens
   if prev is None:
     return methods_lib.prune_kernel(
         method, old, stats, pat, wanda_tokens=wanda_tokens,
-        blocksize=blocksize, percdamp=percdamp, fallback_experts=starved)
+        blocksize=opts.blocksize, percdamp=opts.percdamp,
+        fallback_experts=starved, prior_tokens=opts.prior_tokens)
   # Gradual pruning: weights pruned before score below everything else, so
   # the new mask contains the old one (the counts are exact and larger).
   s = (np.abs(old) if method == "magnitude" else
