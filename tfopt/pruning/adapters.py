@@ -88,6 +88,14 @@ class MoEAdapter(abc.ABC):
   def top_k(self, layer) -> int:
     return int(layer.top_k)
 
+  def router_variables(self, layer) -> list | None:
+    """[(variable, axis)]: the router weights indexed by expert along
+    `axis` (what `prune_experts` slices with the stacked kernels), or None
+    where the adapter does not say (the layer's experts cannot be
+    removed)."""
+    del layer
+    return None
+
   @abc.abstractmethod
   def gates(self, layer, tokens):
     """Routing weights (T, E): the gate coefficient, zero if not routed."""
@@ -121,6 +129,9 @@ class TfoptMoEAdapter(MoEAdapter):
             ExpertKernel("up", layer.up_kernel, INPUT),
             ExpertKernel("down", layer.down_kernel, HIDDEN)]
 
+  def router_variables(self, layer):
+    return [(layer.router, 1)]
+
   def gates(self, layer, tokens):
     return layer.routing(ops.convert_to_tensor(tokens))[0]
 
@@ -149,6 +160,9 @@ class MixtralAdapter(MoEAdapter):
                          INPUT),
             ExpertKernel("down", bank._expert_feedforward_output_dense,  # pylint: disable=protected-access
                          HIDDEN)]
+
+  def router_variables(self, layer):
+    return [(layer._sparse_feedforward_gate_dense.kernel, 1)]  # pylint: disable=protected-access
 
   def gates(self, layer, tokens):
     return _hub_gates(layer._sparse_feedforward_gate_dense, tokens,  # pylint: disable=protected-access
@@ -180,6 +194,9 @@ class QwenMoeAdapter(MoEAdapter):
                          INPUT),
             ExpertKernel("down", bank._expert_feedforward_output_dense,  # pylint: disable=protected-access
                          HIDDEN)]
+
+  def router_variables(self, layer):
+    return [(layer._sparse_feedforward_gate_dense.kernel, 1)]  # pylint: disable=protected-access
 
   def gates(self, layer, tokens):
     return _hub_gates(layer._sparse_feedforward_gate_dense, tokens,  # pylint: disable=protected-access
