@@ -56,9 +56,17 @@ def test_place_script_json_plan_and_gantt(tmp_path):
   assert done.returncode == 0, done.stderr[-2000:]
   summary = json.loads(done.stdout)
   assert set(summary) == {"placer", "placement_seconds", "makespan_us",
-                          "single_device_us", "lower_bound_us", "peak_bytes",
-                          "feasible"}
+                          "single_device_us", "lower_bound_us",
+                          "lower_bound_term", "lower_bound_terms",
+                          "plan_over_bound", "peak_bytes", "feasible"}
   assert summary["feasible"] and len(summary["peak_bytes"]) == 3
+  # The bound is the largest of its terms, named, and below the plan.
+  terms = summary["lower_bound_terms"]
+  assert summary["lower_bound_us"] == max(terms.values())
+  assert terms[summary["lower_bound_term"]] == summary["lower_bound_us"]
+  assert 0 < summary["lower_bound_us"] <= summary["makespan_us"]
+  assert summary["plan_over_bound"] == pytest.approx(
+      summary["makespan_us"] / summary["lower_bound_us"])
   written = json.loads(plan.read_text())
   assert set(written["placement"]) == {op.name for op in graph.ops}
   # Not the script's word for it: the plan, re-simulated against the cap

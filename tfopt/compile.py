@@ -110,6 +110,8 @@ class HookReport:
           f"placement {self.placer}: predicted {self.predicted_us / 1e3:.2f} "
           f"ms vs one device {self.single_device_us / 1e3:.2f} ms; peak MB "
           f"per device: {peaks}; devices used: {list(self.devices_used)}")
+      if getattr(self.plan, "bound", None) is not None:
+        lines.append(self.plan.describe_bound())
       total = sum(self.variable_bytes.values()) or 1
       shares = ", ".join(f"{d or '?'} {100 * b / total:.0f} %"
                          for d, b in sorted(self.variable_bytes.items()))

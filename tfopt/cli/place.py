@@ -7,11 +7,15 @@
 prints placement seconds, makespan, single-device makespan, the lower bound,
 per-device peak memory and feasibility, and every candidate of the "auto"
 portfolio. Expected on that command: m-sct/coarse+refine chosen, 374.1 ms
-against 520.5 ms on one device (which does not fit), lower bound 337.4 ms.
+against 520.5 ms on one device (which does not fit), lower bound 337.4 ms
+(the critical path), plan / bound 1.109.
 `--time_limit_s` bounds "auto" once a plan fits (default 10 s).
 
 `--json` prints one JSON object instead (keys placer, placement_seconds,
-makespan_us, single_device_us, lower_bound_us, peak_bytes, feasible);
+makespan_us, single_device_us, lower_bound_us -- proven: no plan on these
+devices and caps simulates faster -- lower_bound_term (which term gave it:
+critical path, work / devices or memory LP), lower_bound_terms (each
+term's value), plan_over_bound, peak_bytes, feasible);
 `--out=PLAN.json` writes {"placement": {op: device}, ...} for every op. The
 communication model defaults to the published GPU fit, 134 us + bytes /
 5.7 GB/s; `--calibration=FILE` (from `tfopt-calibrate`)
@@ -88,6 +92,9 @@ def main(argv):
       "makespan_us": result.makespan_us,
       "single_device_us": result.single_device_us,
       "lower_bound_us": result.lower_bound_us,
+      "lower_bound_term": result.lower_bound_term,
+      "lower_bound_terms": dict(result.bound.terms),
+      "plan_over_bound": result.over_bound,
       "peak_bytes": list(result.schedule.peak_bytes),
       "feasible": result.schedule.feasible,
   }
@@ -162,7 +169,9 @@ def _print_report(graph, cap, cluster, result) -> None:
   print(f"placement time    {result.placement_seconds:.3f} s")
   print(f"makespan          {result.makespan_us / 1e3:,.2f} ms")
   print(f"single device     {result.single_device_us / 1e3:,.2f} ms")
-  print(f"lower bound       {result.lower_bound_us / 1e3:,.2f} ms")
+  print(f"lower bound       {result.bound.describe()}")
+  print(f"plan / bound      {result.over_bound:.3f}" if result.over_bound
+        else "plan / bound      --")
   print(f"peak per device   "
         f"{', '.join(mb(p) for p in result.schedule.peak_bytes)}")
   print(f"feasible          {result.schedule.feasible}")

@@ -174,8 +174,8 @@ def _placed(step, batches, costs):
           f"each ({FLAGS.memory_fraction:g} of {total / 1e6:.1f} MB):")
     print(plan.table())
     print(f"chosen {plan.placer}: predicted {plan.makespan_us / 1e3:.2f} ms "
-          f"vs single device {plan.single_device_us / 1e3:.2f} ms, lower "
-          f"bound {plan.lower_bound_us / 1e3:.2f} ms")
+          f"vs single device {plan.single_device_us / 1e3:.2f} ms")
+    print(plan.describe_bound())
     if "selection" in ctx.results:
       print(ctx.results["selection"].table())
   return result.graph, plan, ctx, cluster

@@ -35,7 +35,10 @@ shares of the graph's memory) before they give up.
 Anytime rules: once a feasible plan is in hand, no new candidate starts
 after `time_limit_s` (default DEFAULT_TIME_LIMIT_S; refinement stops too) or
 once the plan is within `target_gap` of the makespan lower bound (default
-DEFAULT_TARGET_GAP); those candidates are listed as "not run". Until a plan
+DEFAULT_TARGET_GAP); those candidates are listed as "not run". The bound
+(`tfopt.placement.bound`: critical path, work over devices, a memory LP)
+is proven for the devices and caps, and the result carries it
+(`lower_bound_us`, `bound`, `over_bound`). Until a plan
 fits, the portfolio goes on: a time limit never turns a placeable graph
 into a refusal. A plan whose own lower bound (`plan_lower_bound`: its
 busiest device's compute, its longest path with transfers) is no better
@@ -60,11 +63,11 @@ from typing import Callable, Mapping
 
 from tfopt._errors import invalid_argument
 from tfopt.cluster import Cluster
-from tfopt.graph.analysis import (compute_times, format_bytes,
-                                  live_memory_bound, makespan_lower_bound)
+from tfopt.graph.analysis import format_bytes, live_memory_bound
 from tfopt.graph.opgraph import OpGraph
 from tfopt.placement import exact as exact_placer
 from tfopt.placement import refine as refine_search
+from tfopt.placement.bound import MakespanBound, makespan_bound
 from tfopt.placement.coarsen import coarsen as coarsen_graph
 from tfopt.placement.m_branch import m_branch
 from tfopt.placement.m_etf import m_etf
@@ -271,7 +274,11 @@ class Candidate:
 
 @dataclasses.dataclass(frozen=True)
 class PlacementResult:
-  """The chosen plan, its schedule, and every candidate's numbers."""
+  """The chosen plan, its schedule, and every candidate's numbers.
+
+  `lower_bound_us` is proven: no plan on these devices and caps simulates
+  faster (`bound`, from tfopt.placement.bound, says which term gave it;
+  None where the result was built by hand)."""
   placer: str
   placement: Placement
   schedule: Schedule
@@ -279,10 +286,33 @@ class PlacementResult:
   candidates: tuple[Candidate, ...]
   lower_bound_us: float
   single_device_us: float
+  bound: MakespanBound | None = None
 
   @property
   def makespan_us(self) -> float:
     return self.schedule.makespan_us
+
+  @property
+  def lower_bound_term(self) -> str:
+    """Which term gave the lower bound ("" where unknown)."""
+    return "" if self.bound is None else self.bound.term
+
+  @property
+  def over_bound(self) -> float | None:
+    """The plan's makespan over the lower bound (>= 1; None for a zero
+    bound): how far from optimal the plan can be at most."""
+    if not self.lower_bound_us > 0:
+      return None
+    return self.makespan_us / self.lower_bound_us
+
+  def describe_bound(self) -> str:
+    """One line: the plan, the bound and its term, their ratio."""
+    ratio = self.over_bound
+    bound = (self.bound.describe() if self.bound is not None else
+             f"{self.lower_bound_us / 1e3:,.2f} ms")
+    return (f"plan {self.makespan_us / 1e3:,.2f} ms ({self.placer}), lower "
+            f"bound {bound}, plan / bound "
+            + ("--" if ratio is None else f"{ratio:.3f}"))
 
   def table(self) -> str:
     """A comparison of all candidates, one line each."""
@@ -344,12 +374,9 @@ def place(graph: OpGraph, cluster: Cluster, costs, placer: str = "auto", *,
     if bound.bytes > sum(problem.caps):
       raise InfeasiblePlacement(bound.explain(sum(problem.caps),
                                               len(cluster)) + ".")
-    lower = makespan_lower_bound(graph, problem.costs, len(cluster))
-    if cluster.sharing is not None:  # devices that share cores do less
-      lower = max(lower, sum(compute_times(graph, problem.costs).values()) /
-                  cluster.sharing.speed())
+    lower = makespan_bound(problem)
     run = _Portfolio(problem, started + time_limit_s,
-                     lower * (1.0 + target_gap))
+                     lower.us * (1.0 + target_gap))
     _run_placers(run, placer, pins, headroom, coarsen, refine)
     return _result(problem, run, bound, lower, started)
 
@@ -435,8 +462,8 @@ def _exact_in_auto(run: "_Portfolio") -> None:
     run.add(_exact_attempt(problem, None, EXACT_REPAIR_TIME))
 
 
-def _result(problem: PlacementProblem, run: "_Portfolio", bound, lower: float,
-            started: float) -> PlacementResult:
+def _result(problem: PlacementProblem, run: "_Portfolio", bound,
+            lower: MakespanBound, started: float) -> PlacementResult:
   """The fastest feasible candidate as a PlacementResult, or the error that
   names every candidate's failure."""
   graph, cluster = problem.graph, problem.cluster
@@ -459,15 +486,16 @@ def _result(problem: PlacementProblem, run: "_Portfolio", bound, lower: float,
     reasons = "; ".join(
         f"{c.placer}: {c.error or 'over cap ' + str(c.schedule.over_cap())}"
         for c in candidates)
+    proof = "" if lower.feasible else f" ({lower.note}.)"
     raise InfeasiblePlacement(
         f"No feasible placement on {len(cluster)} devices. {reasons}. (The "
         f"live-memory bound does not rule a plan out: "
         f"{format_bytes(bound.bytes)} must be live at once while op "
         f"{bound.op!r} runs, within the caps together, "
-        f"{format_bytes(sum(problem.caps))}.)")
+        f"{format_bytes(sum(problem.caps))}.){proof}")
   return PlacementResult(best.placer, best.placement, best.schedule,
                          time.perf_counter() - started, tuple(candidates),
-                         lower, single_us)
+                         lower.us, single_us, lower)
 
 
 def _spreads_for_little(best: Candidate, single: Candidate,
