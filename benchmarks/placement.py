@@ -8,7 +8,10 @@ For every workload (the shared MSR costgraphs, synthetic layered DAGs of 1k,
 graph's total memory per device, one `place(..., "auto")` run scores every
 candidate with the simulator. The table shows the chosen plan against two
 baselines measured in the same run: one device (where it fits) and plain
-balanced m-TOPO (Baechi's published rule). Ratios below 1 are better.
+balanced m-TOPO (Baechi's published rule). Ratios below 1 are better. `/LB`
+is the plan over its proven lower bound (tfopt.placement.bound: critical
+path, work / devices or the memory LP, whichever is largest; the row
+records which): the plan is at most that far from optimal.
 The Baechi reference implementation's results (tfopt.placement.reference:
 its placers run on the same workloads on 4 devices under the same PCIe
 model, each plan re-scored by a liveness simulator; measured elsewhere, not
@@ -80,7 +83,12 @@ def _row(name, graph, costs, devices, fraction):
       feasible=True, placer=result.placer,
       placement_seconds=result.placement_seconds,
       makespan_us=result.makespan_us,
+      # Proven (tfopt.placement.bound): no plan on these devices and caps
+      # simulates faster; the term that gave it and each term's value.
       lower_bound_us=result.lower_bound_us,
+      lower_bound_term=result.lower_bound_term,
+      lower_bound_terms=dict(result.bound.terms),
+      lower_bound_note=result.bound.note,
       single_device_us=result.single_device_us,
       single_device_fits=single.feasible,
       m_topo_us=topo.makespan_us if topo and topo.feasible else None,
