@@ -79,7 +79,8 @@ def main(mode: str) -> None:
   servers = {"placed": placed, "ps": ps}[mode](out)
   out.update(pid=os.getpid(), tasks=servers.pids, confined=servers.confined,
              relay=servers.namespace.relay_pid if servers.namespace else None,
-             ports=servers.ports)
+             namespace=servers.namespace.identity if servers.namespace
+             else None, ports=servers.ports)
   print("READY " + json.dumps(out), flush=True)
   sys.stdin.readline()
   servers.close()

@@ -160,3 +160,54 @@ def processes_in(namespace: str) -> list[int]:
   """The processes whose network namespace is `namespace` (net:[inode])."""
   return [int(e) for e in os.listdir("/proc")
           if e.isdigit() and namespace_id(int(e)) == namespace]
+
+
+def holders(namespace: str) -> list[int]:
+  """The processes inside `namespace` (net:[inode]) or holding an fd of
+  it: while there is one, the namespace exists."""
+  found = set(processes_in(namespace))
+  for entry in os.listdir("/proc"):
+    if not entry.isdigit():
+      continue
+    try:
+      fds = os.listdir(f"/proc/{entry}/fd")
+    except OSError:
+      continue
+    for fd in fds:
+      try:
+        if os.readlink(f"/proc/{entry}/fd/{fd}") == namespace:
+          found.add(int(entry))
+          break
+      except OSError:
+        continue
+  return sorted(found)
+
+
+HTTP2_PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + bytes(
+    [0, 0, 0, 4, 0, 0, 0, 0, 0])  # and an empty SETTINGS frame
+
+
+def grpc_answers(port: int, namespace_of: int | None = None) -> bool:
+  """Whether 127.0.0.1:`port` answers an HTTP/2 client preface with bytes
+  (a gRPC server does: its SETTINGS), from this process's namespace or,
+  with `namespace_of`, from the namespace of that pid."""
+  result = {}
+
+  def knock():
+    if namespace_of is not None:
+      fd = os.open(f"/proc/{namespace_of}/ns/net", os.O_RDONLY)
+      try:
+        netns.set_namespace(fd)
+      finally:
+        os.close(fd)
+    try:
+      with socket.create_connection(("127.0.0.1", port), timeout=5) as s:
+        s.settimeout(5)
+        s.sendall(HTTP2_PREFACE)
+        result["ok"] = bool(s.recv(64))
+    except OSError:
+      result["ok"] = False
+  thread = threading.Thread(target=knock)
+  thread.start()
+  thread.join()
+  return result["ok"]

@@ -71,6 +71,12 @@ def test_no_port_of_a_job_is_reachable_from_another_namespace(mode):
       reached = {(pid, port) for pid, open_ in ports.items()
                  for port in open_ if knock.reachable(port)}
     assert reached == set()
+    # On this machine, the relay serves the job's own process alone: a
+    # task answers gRPC from inside its namespace, not through the relay
+    # for another process (this one).
+    port = out["ports"][0]
+    assert probe.grpc_answers(port, namespace_of=out["tasks"][0])
+    assert not probe.grpc_answers(port)
   finally:
     proc.stdin.write("\n")
     proc.stdin.flush()
@@ -85,19 +91,20 @@ def test_no_port_of_a_job_is_reachable_from_another_namespace(mode):
 
 def test_a_killed_job_leaves_no_process_and_no_namespace():
   proc, out = _start_job("placed")
-  namespace = probe.namespace_id(out["relay"])
+  namespace = out["namespace"]
   assert namespace != probe.namespace_id(os.getpid())
-  assert set(probe.processes_in(namespace)) >= {out["relay"], *out["tasks"]}
+  assert set(probe.processes_in(namespace)) == set(out["tasks"])
+  assert {out["pid"], out["relay"]} <= set(probe.holders(namespace))
   proc.send_signal(signal.SIGKILL)
   proc.wait()
   left = [out["relay"], *out["tasks"]]
   deadline = time.monotonic() + 20
   while time.monotonic() < deadline:
     left = [p for p in left if probe.namespace_id(p) is not None]
-    if not left and not probe.processes_in(namespace):
+    if not left and not probe.holders(namespace):
       break
     time.sleep(0.2)
-  assert left == [] and probe.processes_in(namespace) == []
+  assert left == [] and probe.holders(namespace) == []
 
 
 def _cannot_confine(monkeypatch):

@@ -39,6 +39,7 @@ import socket
 import struct
 import subprocess
 import sys
+import tempfile
 import threading
 import warnings
 
@@ -47,6 +48,7 @@ ALLOW_EXPOSED_ENV = "TFOPT_ALLOW_EXPOSED_SERVERS"
 _CAP_SYS_ADMIN = 21
 _SIOCGIFFLAGS, _SIOCSIFFLAGS = 0x8913, 0x8914
 _IFF_UP = 0x1
+_PR_SET_PDEATHSIG = 1
 
 _LOCK = threading.Lock()
 _JOB: "JobNamespace | None" = None
@@ -86,11 +88,10 @@ def set_namespace(fd: int) -> None:
   _check(_libc().setns(fd, CLONE_NEWNET), "setns(CLONE_NEWNET)")
 
 
-def enter_path(path: str) -> None:
-  """Moves the calling thread into the network namespace at `path` (e.g.
-  /proc/PID/ns/net): what a task started inside the job's namespace does
-  first, before it has other threads."""
-  fd = os.open(path, os.O_RDONLY)
+def enter_fd(fd: int) -> None:
+  """Moves the calling thread into the network namespace `fd` refers to
+  and closes it: what a task started inside the job's namespace (given
+  the fd by `pass_fds`) does first, before it has other threads."""
   try:
     set_namespace(fd)
   finally:
@@ -116,50 +117,59 @@ def unavailable_reason() -> str | None:
 
 class JobNamespace:
   """The network namespace this process's server tasks run in (one per
-  process, see `job_namespace`)."""
+  process, see `job_namespace`). `fd` holds it open (it lives as long as
+  this process, or any process inside it); children enter it through that
+  fd (`pass_fds`), never through a path a reused pid could redirect."""
 
   def __init__(self, start_timeout: float = 30.0):
-    parent, child = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+    parent, child = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
     env = dict(os.environ, TFOPT_TENSORFLOW_ONLY="1")
     self._control = parent
     self._lock = threading.Lock()
+    self._errors = tempfile.TemporaryFile()  # pylint: disable=consider-using-with
     self._relay = subprocess.Popen(  # pylint: disable=consider-using-with
         [sys.executable, "-m", "tfopt.runtime.relay",
          f"--control_fd={child.fileno()}", f"--parent={os.getpid()}"],
         pass_fds=(child.fileno(),), env=env, stdin=subprocess.DEVNULL,
-        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        stdout=subprocess.DEVNULL, stderr=self._errors)
     child.close()
     parent.settimeout(start_timeout)
     try:
-      answer = parent.recv(4096)
+      answer, fds, _, _ = socket.recv_fds(parent, 64, 1)
     except OSError:
-      answer = b""
+      answer, fds = b"", []
     parent.settimeout(None)
-    if answer != b"ready":
+    if answer != b"ready" or len(fds) != 1:
       self._relay.kill()
-      err = self._relay.communicate()[1].decode(errors="replace").strip()
+      self._relay.wait()
+      self._errors.seek(0)
+      err = self._errors.read().decode(errors="replace").strip()
       raise OSError(f"The job's network namespace could not be made: "
                     f"{err.splitlines()[-1] if err else answer!r}")
-    self.path = f"/proc/{self._relay.pid}/ns/net"
-    self._fd = os.open(self.path, os.O_RDONLY)
+    self.fd = fds[0]
     self.ports: set[int] = set()
 
   @property
   def relay_pid(self) -> int:
     return self._relay.pid
 
+  @property
+  def identity(self) -> str:
+    """The namespace as /proc shows it ("net:[inode]")."""
+    return os.readlink(f"/proc/self/fd/{self.fd}")
+
   def alive(self) -> bool:
     return self._relay.poll() is None
 
   def reserve_ports(self, count: int) -> list[int]:
     """`count` ports that tasks inside the namespace listen on; each is
-    held here as 127.0.0.1:P, relayed into the namespace."""
+    held here as 127.0.0.1:P, relayed into the namespace for this process
+    alone."""
     listeners = []
     try:
       for _ in range(count):
         s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         listeners.append(s)
-        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         s.bind(("127.0.0.1", 0))
         s.listen(64)
       with self._lock:
@@ -172,13 +182,22 @@ class JobNamespace:
     self.ports.update(ports)
     return ports
 
+  def release_ports(self, ports) -> None:
+    """Stops relaying `ports` (their tasks are gone)."""
+    ports = [p for p in ports if p in self.ports]
+    if not ports or not self.alive():
+      return
+    with self._lock:
+      self._control.send(b"close " + ",".join(map(str, ports)).encode())
+    self.ports.difference_update(ports)
+
   @contextlib.contextmanager
   def entered(self):
     """The calling thread inside the namespace for the block (threads it
     starts meanwhile stay there); back where it was afterwards."""
     home = os.open("/proc/thread-self/ns/net", os.O_RDONLY)
     try:
-      set_namespace(self._fd)
+      set_namespace(self.fd)
       try:
         yield self
       finally:
@@ -192,7 +211,7 @@ class JobNamespace:
 
     def target():
       try:
-        set_namespace(self._fd)
+        set_namespace(self.fd)
         result["value"] = fn(*args)
       except BaseException as err:  # pylint: disable=broad-except
         result["error"] = err
@@ -208,9 +227,10 @@ class JobNamespace:
       self._relay.kill()
     self._relay.wait()
     self._control.close()
-    if self._fd >= 0:
-      os.close(self._fd)
-      self._fd = -1
+    self._errors.close()
+    if self.fd >= 0:
+      os.close(self.fd)
+      self.fd = -1
 
 
 def _close_job() -> None:
@@ -218,24 +238,44 @@ def _close_job() -> None:
     _JOB.close()
 
 
+def _check_relay(job: JobNamespace) -> JobNamespace:
+  if not job.alive():
+    raise RuntimeError(
+        f"The relay of this process's job network namespace (pid "
+        f"{job.relay_pid}) exited with code {job._relay.returncode}: its "  # pylint: disable=protected-access
+        "server tasks can no longer be reached from this process. Start the "
+        "job again in a new process.")
+  return job
+
+
 def job_namespace() -> JobNamespace:
   """This process's job namespace, made on first use (raises OSError with
-  the reason where it cannot be made)."""
+  the reason where it cannot be made; RuntimeError when its relay died)."""
   global _JOB
   with _LOCK:
-    if _JOB is None or not _JOB.alive():
+    if _JOB is None:
       reason = unavailable_reason()
       if reason is not None:
         raise OSError(reason)
-      if _JOB is None:
-        atexit.register(_close_job)
+      atexit.register(_close_job)
       _JOB = JobNamespace()
-    return _JOB
+    return _check_relay(_JOB)
+
+
+def _forget_after_fork() -> None:
+  """A forked child is another process: the parent's relay is not its
+  own (it bridges for the parent alone)."""
+  global _JOB, _LOCK
+  _JOB, _LOCK = None, threading.Lock()
+
+
+os.register_at_fork(after_in_child=_forget_after_fork)
 
 
 def current() -> JobNamespace | None:
-  """The job namespace if one was made and is alive."""
-  return _JOB if _JOB is not None and _JOB.alive() else None
+  """The job namespace if one was made (RuntimeError when its relay
+  died)."""
+  return None if _JOB is None else _check_relay(_JOB)
 
 
 def holding(addresses) -> JobNamespace | None:
@@ -269,14 +309,15 @@ def exposure_refused(what: str, reason: str) -> PermissionError:
       f"--allow_exposed_servers) on a machine whose network you trust.")
 
 
-def warn_exposed(what: str, ports) -> None:
+def warn_exposed(what: str, ports, reason: str | None = None) -> None:
   """The one warning where servers run exposed by the user's choice."""
-  reason = unavailable_reason() or "the namespace could not be made"
+  reason = reason or unavailable_reason() or "the namespace could not be made"
   warnings.warn(
       f"{what} listen on ports {sorted(ports)} of every network interface, "
       f"unconfined ({reason}): anyone who can reach this machine can run "
       f"graphs in them, read and write files, and read the model's "
-      f"weights. Opted in with allow_exposed / {ALLOW_EXPOSED_ENV}.",
+      f"weights (opted in: allow_exposed, {ALLOW_EXPOSED_ENV} or "
+      f"confine=False).",
       RuntimeWarning, stacklevel=3)
 
 
@@ -294,14 +335,21 @@ def confine(what: str, allow_exposed_servers: bool) -> JobNamespace | None:
 
 
 def main(argv=None) -> int:
-  """`python -m tfopt.runtime.netns --enter=PATH -- COMMAND...`: runs
-  COMMAND inside the network namespace at PATH (the launcher's workers)."""
+  """`python -m tfopt.runtime.netns --enter_fd=FD -- COMMAND...`: runs
+  COMMAND inside the network namespace of the inherited fd FD (the
+  launcher's workers), killed by the kernel when the thread that started
+  it ends (PR_SET_PDEATHSIG survives the exec: a worker never outlives a
+  launcher that crashed)."""
   import argparse  # pylint: disable=g-import-not-at-top
   parser = argparse.ArgumentParser(description=main.__doc__.splitlines()[0])
-  parser.add_argument("--enter", required=True)
+  parser.add_argument("--enter_fd", type=int, required=True)
+  parser.add_argument("--parent", type=int, required=True)
   parser.add_argument("command", nargs="+")
   args = parser.parse_args(argv)
-  enter_path(args.enter)
+  enter_fd(args.enter_fd)
+  _libc().prctl(_PR_SET_PDEATHSIG, 9, 0, 0, 0)
+  if os.getppid() != args.parent:  # the launcher died before prctl
+    return 1
   os.execvp(args.command[0], args.command)
   return 127  # not reached
 

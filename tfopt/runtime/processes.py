@@ -149,7 +149,9 @@ class LoopbackServers:
       netns.warn_exposed("The server tasks of LoopbackServers", self.ports)
     spec: dict[str, list[str]] = {name: [] for name in counts}
     for (name, _), port in zip(self.tasks, self.ports):
-      spec[name].append(f"localhost:{port}")
+      # 127.0.0.1, not localhost: a name that may resolve to ::1 first
+      # would reach whatever else listens there.
+      spec[name].append(f"127.0.0.1:{port}")
     self.spec = spec
     self._procs = []
     self._logs = []
@@ -186,7 +188,8 @@ class LoopbackServers:
           [sys.executable, "-m", "tfopt.runtime.server",
            f"--cluster={json.dumps(self.spec)}", f"--job={name}",
            f"--task={i}", f"--parent={os.getpid()}"] + self._task_flags(k),
-          stdout=log, stderr=subprocess.STDOUT, env=env))
+          stdout=log, stderr=subprocess.STDOUT, env=env,
+          pass_fds=(self.namespace.fd,) if self.namespace else ()))
 
   def _wait_listening(self, start_timeout: float) -> None:
     """Until every task accepts connections; a task that exits or is late
@@ -209,7 +212,8 @@ class LoopbackServers:
       time.sleep(0.1)
 
   def _task_flags(self, k: int) -> list[str]:
-    flags = [f"--netns={self.namespace.path}"] if self.namespace else []
+    flags = ([f"--netns_fd={self.namespace.fd}"] if self.namespace
+             else [])
     if self.cpus is not None:
       flags.append("--cpus=" + ",".join(str(c) for c in self.cpus[k]))
     if self.intra_op_threads is not None:
@@ -221,7 +225,7 @@ class LoopbackServers:
   def listening(self, k: int) -> bool:
     """Whether task `k` accepts connections (asked inside the namespace:
     outside, the relay accepts before the task listens)."""
-    return remote.answers(f"localhost:{self.ports[k]}", timeout_s=0.5)
+    return remote.answers(f"127.0.0.1:{self.ports[k]}", timeout_s=0.5)
 
   @property
   def confined(self) -> bool:
@@ -234,9 +238,14 @@ class LoopbackServers:
     the cluster, e.g. `tf.distribute.ParameterServerStrategy(resolver)`
     (its coordinator listens for the tasks' calls back): inside, only the
     tasks reach it. `tfopt.compile` and `tfopt.runtime.remote.connect` do
-    this themselves. A no-op where the tasks are not confined."""
-    return (self.namespace.entered() if self.namespace
-            else contextlib.nullcontext())
+    this themselves. A no-op where the tasks are not confined. TensorFlow's
+    eager context is initialised first, outside: its thread pools, where
+    ops run, keep this machine's network."""
+    if self.namespace is None:
+      return contextlib.nullcontext()
+    from tensorflow.python.eager import context  # pylint: disable=g-import-not-at-top
+    context.ensure_initialized()
+    return self.namespace.entered()
 
   @property
   def pinned(self) -> bool:
@@ -253,7 +262,7 @@ class LoopbackServers:
   @property
   def target(self) -> str:
     """The session target: the first task's gRPC address."""
-    return f"grpc://localhost:{self.ports[0]}"
+    return f"grpc://127.0.0.1:{self.ports[0]}"
 
   @property
   def pids(self) -> list[int]:
@@ -303,6 +312,8 @@ class LoopbackServers:
       if log is not subprocess.DEVNULL:
         log.close()
     self._procs = []
+    if self.namespace is not None:
+      self.namespace.release_ports(self.ports)
     for cap in self.caps:
       cap.remove()
     self.caps = []

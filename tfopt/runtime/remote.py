@@ -92,12 +92,13 @@ def connect(cluster: Any, timeout_s: float = 30.0) -> dict[str, list[str]]:
       tf.train.ClusterSpec(spec), rpc_layer="grpc")
   # Tasks of this process's job namespace call back to this process's own
   # server (job "localhost"): it is made inside the namespace, where only
-  # they reach it. TensorFlow starts it with the eager context, hence the
-  # explicit initialisation in the block.
+  # they reach it. On an initialised eager context TensorFlow starts it in
+  # the call; the context (its thread pools, where ops run) is made
+  # before, outside, so ops keep this machine's network.
+  context.ensure_initialized()
   with job.entered() if job else contextlib.nullcontext():
     tf.config.experimental_connect_to_cluster(
         resolver, make_master_device_default=False)
-    context.ensure_initialized()
   _CONNECTED = spec
   return spec
 

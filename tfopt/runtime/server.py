@@ -46,13 +46,13 @@ def main(argv=None) -> int:
                       help="comma-separated cores to pin this process to")
   parser.add_argument("--parent", type=int, default=None,
                       help="exit when this pid is no longer the parent")
-  parser.add_argument("--netns", default="",
-                      help="a network namespace to serve in (its path, e.g. "
-                      "/proc/PID/ns/net), entered before any other thread")
+  parser.add_argument("--netns_fd", type=int, default=None,
+                      help="an inherited fd of the network namespace to "
+                      "serve in, entered before any other thread starts")
   args = parser.parse_args(argv)
-  if args.netns:
+  if args.netns_fd is not None:
     from tfopt.runtime import netns  # pylint: disable=g-import-not-at-top
-    netns.enter_path(args.netns)
+    netns.enter_fd(args.netns_fd)
   if args.parent is not None:
     _exit_with(args.parent)
   if args.cpus:

@@ -244,7 +244,8 @@ class _Attempt:
       with open(log, "ab") as out:
         self.procs.append(subprocess.Popen(  # pylint: disable=consider-using-with
             cfg.worker_command(), env=env, stdout=out, stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL, start_new_session=True))
+            stdin=subprocess.DEVNULL, start_new_session=True,
+            pass_fds=(cfg.namespace.fd,) if cfg.namespace else ()))
 
   def _inject(self) -> None:
     """Records the faults workers raised on themselves at their step
@@ -417,7 +418,7 @@ class Launcher:
                startup_timeout_s=300.0, collective_timeout_factor=20.0,
                min_collective_timeout_s=30.0, faults=(), ports=None,
                env=None, poll_s=0.05, phase_budget_s=None,
-               allow_exposed=False):
+               allow_exposed=False, confine=True):
     if isinstance(workers, bool) or not isinstance(workers, int) or \
         workers < 1:
       raise invalid_argument("workers", "a positive integer", workers)
@@ -453,7 +454,11 @@ class Launcher:
                                fault)
     # The workers' TensorFlow servers listen on every interface of the
     # network namespace they run in: this process's private one.
-    self.namespace = netns.confine("The launcher's workers", allow_exposed)
+    # confine=False: the workers need this machine's network (a dataset
+    # read from another host); they then listen on every interface.
+    self.confine = bool(confine)
+    self.namespace = (netns.confine("The launcher's workers", allow_exposed)
+                      if confine else None)
     if ports is not None:
       ports = [int(p) for p in ports]
       if len(ports) != workers or len(set(ports)) != workers:
@@ -507,7 +512,8 @@ class Launcher:
     if self.namespace is None:
       return list(self.command)
     return [sys.executable, "-m", "tfopt.runtime.netns",
-            f"--enter={self.namespace.path}", "--", *self.command]
+            f"--enter_fd={self.namespace.fd}", f"--parent={os.getpid()}",
+            "--", *self.command]
 
   def _previous_attempts(self) -> int:
     """A relaunch into the same run directory continues its numbering."""
@@ -554,8 +560,9 @@ class Launcher:
       attempt = _Attempt(self, index)
       ports = self.ports if (self.ports and not self.attempts) else \
           self._inside(free_ports, self.workers)
-      if self.namespace is None:
-        netns.warn_exposed("The launcher's workers", ports)
+      if self.namespace is None and not self.attempts:
+        netns.warn_exposed("The launcher's workers", ports,
+                           None if self.confine else "confine=False")
       attempt.start(ports)
       self.attempts.append(attempt.record)
       try:
@@ -635,7 +642,9 @@ def launch(command, workers: int, **kwargs) -> LaunchResult:
   the first attempt), env (extra environment variables), allow_exposed
   (False: the workers run in this process's private network namespace,
   and where none can be made, PermissionError; True: there, they run on
-  every interface with a warning)."""
+  every interface with a warning), confine (True; False runs the workers
+  in this machine's network, with a warning: for scripts that must reach
+  other hosts)."""
   return Launcher(command, workers, **kwargs).run()
 
 
