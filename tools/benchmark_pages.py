@@ -40,7 +40,8 @@ MODELS = {"mlp": "MLP", "cnn": "CNN", "transformer": "Transformer LM",
           "lstm": "LSTM classifier"}
 TWINS = ("adamw", "lion", "muon")  # ours against the Keras optimizer
 METHODS = (("magnitude", "magnitude"), ("wanda", "Wanda (routed)"),
-           ("moe_pruner", "MoE-Pruner"), ("sparsegpt", "SparseGPT"))
+           ("moe_pruner", "MoE-Pruner"), ("sparsegpt", "SparseGPT"),
+           ("router_obs", "router-OBS"))
 
 
 def load(name: str) -> dict:
@@ -250,12 +251,16 @@ def moe_section() -> str:
   rows = []
   for pattern, s in d["summary"].items():
     rows.append([pattern] + [_f(s[k]["mean_ratio"], 3) for k, _ in METHODS]
-                + [f"{s['moe_pruner_beats_wanda_seeds']} / {d['seeds']}"])
+                + [f"{s['moe_pruner_beats_wanda_seeds']} / {d['seeds']}",
+                   f"{s['router_obs_beats_sparsegpt_seeds']} / "
+                   f"{d['seeds']}"])
   dist = d["distillation"]
   drows = [["dense (the bar)", _f(dist["dense_finetuned"]["ppl_before"], 3),
             _f(dist["dense_finetuned"]["ppl_after"], 3), "-"]]
   for key, name in (("pruned_finetuned", "pruned, plain fine-tuning"),
-                    ("pruned_distilled", "pruned, `ExpertDistiller`")):
+                    ("pruned_distilled", "pruned, `ExpertDistiller`"),
+                    ("router_obs_distilled",
+                     "router-OBS, `ExpertDistiller`")):
     r = dist[key]
     drows.append([name, _f(r["ppl_before"], 3), _f(r["ppl_after"], 3),
                   _f(100 * r["gap_closed"], 1, " %")])
@@ -271,14 +276,67 @@ def moe_section() -> str:
       f"windows, {d['seeds']} calibration seeds; perplexity / dense, mean "
       "over the seeds:",
       _table(["pattern"] + [n for _, n in METHODS]
-             + ["MoE-Pruner better than Wanda"], rows, {1, 2, 3, 4, 5}),
+             + ["MoE-Pruner better than Wanda",
+                "router-OBS better than SparseGPT"], rows,
+             {1, 2, 3, 4, 5, 6, 7}),
       f"Sparse export at 50 %: {d['export_ratio_50']:.3f}x the dense fp32 "
       "expert bytes.",
-      f"Fine-tuning after MoE-Pruner at 50 % (seed 0), {d['finetune_steps']} "
-      f"steps of batch {d['finetune_batch']}, the same data for all three; "
-      "gap closed = (pruned - tuned) / (pruned - dense tuned):",
+      "Router-OBS against SparseGPT is paired by seed (the same "
+      "calibration windows and held-out text); its `prior_tokens` "
+      "default was chosen on held-out windows this table does not use.",
+      f"Fine-tuning after pruning at 50 % (seed 0), {d['finetune_steps']} "
+      f"steps of batch {d['finetune_batch']}, the same data for every row; "
+      "gap closed = (pruned - tuned) / (pruned - dense tuned), from each "
+      "row's own pruned perplexity:",
       _table(["model", "perplexity before", "after", "gap closed"], drows,
-             {1, 2, 3})])
+             {1, 2, 3}),
+      _experts_section(d["experts"])])
+
+
+def _experts_section(ex: dict) -> str:
+  """prune_experts: perplexity per method, then the exported models."""
+  rows = [[name, _f(v["mean_ratio"], 3), _span([v["min"], v["max"]], 3)]
+          for name, v in ex["summary"].items()]
+  params = {"reference LM": {}, "keras-hub Mixtral (random weights)": {}}
+  for r in ex["runs"]:
+    if r["method"] == "reap" and not r["merge"] and r["seed"] == 0:
+      params["reference LM"][f"removed_{round(r['removed'] * 100)}"] = \
+          r["params"]
+      params["reference LM"]["dense"] = r["params_dense"]
+  for name, r in ex["mixtral"]["rows"].items():
+    params["keras-hub Mixtral (random weights)"][name] = r["params"]
+    params["keras-hub Mixtral (random weights)"]["dense"] = r["params_dense"]
+  exported = []
+  for where, models in (("reference LM", ex["saved_models"]),
+                        ("keras-hub Mixtral (random weights)",
+                         ex["mixtral"]["saved_models"])):
+    dense = models["dense"]
+    for name, m in models.items():
+      count = params[where].get(name)
+      exported.append([
+          where, name.replace("_", " ") + (" %" if name != "dense" else ""),
+          f"{m['saved_model_bytes'] / 1e6:.2f} MB "
+          f"({m['saved_model_bytes'] / dense['saved_model_bytes']:.2f}x)",
+          f"{m['latency_min_ms']:.2f} ms "
+          f"({m['latency_min_ms'] / dense['latency_min_ms']:.2f}x)",
+          f"{count:,}" if count else "-"])
+  mix = ex["mixtral"]["rows"]
+  change = ", ".join(f"{k.split('_')[1]} %: {v['relative_output_change']:.3f}"
+                     for k, v in mix.items())
+  return "\n\n".join([
+      "### Removing whole experts (`prune_experts`)",
+      f"Experts removed from every layer of the reference LM (dense "
+      f"perplexity {ex['dense_ppl']:.3f}), no fine-tuning after; "
+      "perplexity / dense over 5 calibration seeds (REAP's saliency "
+      "ranks the experts the same on every seed):",
+      _table(["removed, method", "perplexity / dense", "seeds' range"], rows,
+             {1, 2}),
+      "The exported SavedModels (REAP, seed 0), `serve` on 8 sequences, "
+      "the models timed in alternating rounds, minimum per model:",
+      _table(["model", "experts removed", "SavedModel", "latency",
+              "parameters"], exported, {2, 3, 4}),
+      f"On the random-weight Mixtral backbone perplexity means nothing; "
+      f"its output changes relative to dense by {change}."])
 
 
 NAS_RUNS = (("nas", "accuracy"), ("nas_log_likelihood", "log-likelihood"),
@@ -540,10 +598,55 @@ def _runs_within_25(rows: list[dict]) -> dict[str, tuple[int, int]]:
   return out
 
 
+def confinement_section() -> str:
+  """What confining the server tasks costs (benchmarks/confinement.py)."""
+  d = load("confinement")
+  t, tr = d["transfer"], d["training"]
+  best = t["best"]
+  rows = [["1 KiB round trip", f"{best['relay']['ping_us']:.1f} us",
+           f"{best['direct']['ping_us']:.1f} us", f"{t['ping_ratio']:.2f}"],
+          ["64 MiB stream", f"{best['relay']['stream_mb_s']:,.0f} MB/s",
+           f"{best['direct']['stream_mb_s']:,.0f} MB/s",
+           f"{t['stream_ratio']:.2f}"]]
+  runs = [[r["mode"], r["devices_used"], f"{r['step_ms']:.2f}",
+           "-" if r["relayed_connections"] is None
+           else r["relayed_connections"]]
+          for mode in ("confined", "exposed") for r in tr["runs"][mode]]
+  return "\n\n".join([
+      "## Confined server tasks",
+      "`python -m benchmarks.confinement` (`benchmarks/results/"
+      "confinement.json`): the relay into the job's network namespace "
+      "against a connection made inside it, alternated round by round "
+      "(best of the rounds):",
+      _table(["transfer", "through the relay", "inside", "ratio"], rows,
+             {1, 2, 3}),
+      f"An MLP placed by `tfopt.compile` on 2 `LoopbackServers` tasks "
+      f"(batch {tr['batch_size']}), confined against exposed, each a fresh "
+      "process, the modes alternating; the step is each process's median "
+      "of (long fit - short fit) differences; `relayed` counts the "
+      "connections this process held through the relay:",
+      _table(["mode", "devices", "step ms", "relayed"], runs, {1, 2, 3}),
+      f"Fastest process: confined {tr['fastest_step_ms']['confined']:.2f} "
+      f"ms, exposed {tr['fastest_step_ms']['exposed']:.2f} ms, ratio "
+      f"**{tr['ratio']:.2f}**."])
+
+
+def _confinement_claims() -> list[list[str]]:
+  d = load("confinement")
+  relayed = max(r["relayed_connections"]
+                for r in d["training"]["runs"]["confined"])
+  return [["placed step on confined vs exposed server tasks (2 tasks, "
+           "fastest process of each)",
+           f"{d['training']['ratio']:.2f}x, {relayed} of the step's "
+           "connections through the relay; the relay's 1 KiB round trip "
+           f"{d['transfer']['ping_ratio']:.2f}x a connection inside",
+           "`python -m benchmarks.confinement`"]]
+
+
 SECTIONS = (capture_section, placement_section, runtime_section,
             auto_calibration_section,
             fit_section, optimizers_section, moe_section, nas_section,
-            scale_section)
+            scale_section, confinement_section)
 
 
 def guide() -> str:
@@ -676,6 +779,9 @@ def _optimizer_claims() -> list[list[str]]:
 def _pruning_claims() -> list[list[str]]:
   moe = load("moe_pruning")
   s50, dist = moe["summary"]["50%"], moe["distillation"]
+  s24 = moe["summary"]["2:4"]
+  ex = moe["experts"]["summary"]
+  saved = moe["experts"]["saved_models"]
   command = "`python -m benchmarks.moe_pruning`"
   return [
       ["MoE-Pruner vs Wanda at 50 %, perplexity / dense",
@@ -685,7 +791,25 @@ def _pruning_claims() -> list[list[str]]:
       ["expert-wise distillation vs plain fine-tuning after pruning, gap "
        "closed",
        f"{100 * dist['pruned_distilled']['gap_closed']:.1f} % vs "
-       f"{100 * dist['pruned_finetuned']['gap_closed']:.1f} %", command]]
+       f"{100 * dist['pruned_finetuned']['gap_closed']:.1f} %", command],
+      ["router-weighted OBS vs SparseGPT, perplexity / dense at 50 % and "
+       "2:4 (seeds won)",
+       f"{s50['router_obs']['mean_ratio']:.3f} vs "
+       f"{s50['sparsegpt']['mean_ratio']:.3f} "
+       f"({s50['router_obs_beats_sparsegpt_seeds']}/{moe['seeds']}); "
+       f"{s24['router_obs']['mean_ratio']:.3f} vs "
+       f"{s24['sparsegpt']['mean_ratio']:.3f} "
+       f"({s24['router_obs_beats_sparsegpt_seeds']}/{moe['seeds']})",
+       command],
+      ["whole experts removed by REAP vs by routing frequency, perplexity "
+       "/ dense with 25 % and 50 % removed; the exported reference LM's "
+       "size",
+       f"{ex['25% reap']['mean_ratio']:.2f} vs "
+       f"{ex['25% frequency']['mean_ratio']:.2f} at 25 %, "
+       f"{ex['50% reap']['mean_ratio']:.2f} vs "
+       f"{ex['50% frequency']['mean_ratio']:.2f} at 50 %; SavedModel "
+       f"{saved['removed_50']['saved_model_bytes'] / saved['dense']['saved_model_bytes']:.2f}x"
+       f" at 50 %", command]]
 
 
 def _nas_claims() -> list[list[str]]:
@@ -723,7 +847,8 @@ def _capture_claims() -> list[list[str]]:
 
 CLAIMS = (_placement_claims, _runtime_claims, _auto_calibration_claims,
           _fit_claims, _optimizer_claims,
-          _pruning_claims, _nas_claims, _scale_claims, _capture_claims)
+          _pruning_claims, _nas_claims, _scale_claims, _capture_claims,
+          _confinement_claims)
 
 
 def headline() -> str:
