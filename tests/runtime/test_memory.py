@@ -19,6 +19,10 @@ _MODELS = {
 }
 
 
+# The serial pass: TensorFlow's measured peak depends on how its inter-op
+# threads interleave the step's ops, and beside another test's load the
+# MLP's rose 18 % above the simulated schedule's (12.3 vs 15.0 MB) once.
+@pytest.mark.serial
 @pytest.mark.parametrize("name", sorted(_MODELS))
 def test_one_device_peak_within_15_percent_of_tensorflows(name):
   # TensorFlow's allocation records (every allocation and free of the step,
