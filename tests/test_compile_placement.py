@@ -73,10 +73,15 @@ def test_one_capped_device_is_refused_before_training(across):
   assert message is not None
   # The bytes needed (the live-memory bound: weights, moments and what is
   # live beside them), the cap, and where a plan exists.
-  assert re.search(r"it needs 1\d\d MB live at once", message), message
+  needed = re.search(r"it needs (1\d\d) MB live at once", message)
+  assert needed, message
   assert "of 50.4 MB each" in message
-  assert "the fewest devices of this cap on which a plan was found: 4" in \
-      message
+  # No fewer devices than the live bytes over the cap; no more than the 4
+  # the model trained on above (m-pack may pack it onto 3).
+  fewest = re.search(r"the fewest devices of this cap on which a plan was "
+                     r"found: (\d+)", message)
+  assert fewest, message
+  assert -(-int(needed.group(1)) // 50.4) <= int(fewest.group(1)) <= 4
   assert "variables were not changed" in message
   assert across["intact"]
 

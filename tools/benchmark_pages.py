@@ -643,7 +643,43 @@ def _confinement_claims() -> list[list[str]]:
            "`python -m benchmarks.confinement`"]]
 
 
-SECTIONS = (capture_section, placement_section, runtime_section,
+def packing_section() -> str:
+  """How tight a cap each placer places under (benchmarks/packing.py)."""
+  d = load("packing")
+  placers = list(d["rows"][0]["tightest"])
+  names = dict(WORKLOADS, keras_mlp_cautious_adamw="MLP 8 x 1024, "
+               "CautiousAdamW", keras_transformer_lm="Transformer LM 2 x 256",
+               keras_mobilenet_v2="MobileNetV2 (alpha 0.35)")
+  rows = [[names.get(r["workload"], r["workload"]), r["ops"],
+           _f(r["floor"])] +
+          [_f(r["tightest"][p]) for p in placers] +
+          [_f(r["seconds_at_tightest"].get("auto"), 1),
+           r["winner"].get("auto") or "--"] for r in d["rows"]]
+  return "\n\n".join([
+      "### Packing: how tight a cap each placer places under",
+      f"`python -m benchmarks.packing` (`benchmarks/results/packing.json`, "
+      f"{d['machine']}): on {d['rows'][0]['devices']} devices, each capped "
+      "at f x (the bytes live at once in any schedule) / devices, f from "
+      f"{_f(max(d['fractions']))} down to {_f(min(d['fractions']))}; the "
+      "tightest f at which each placer still returned a plan whose liveness "
+      "peaks fit ('--': none at any f tried). Below 1 no plan exists; "
+      "`floor`: below it one colocation group alone is over a device's cap. "
+      "The Keras models are captured training steps with analytic costs.",
+      _table(["workload", "ops", "floor"] + placers + ["auto s", "auto's plan"],
+             rows, set(range(1, len(placers) + 4)))])
+
+
+def _packing_claims() -> list[list[str]]:
+  rows = load("packing")["rows"]
+  reached = [r for r in rows if r["tightest"].get("auto") is not None]
+  return [["memory-tight placement: tightest cap `auto` places under, as a "
+           "multiple of the live-at-once bound (4 devices)",
+           f"{_span([r['tightest']['auto'] for r in reached])}x on "
+           f"{len(reached)} of {len(rows)} workloads",
+           "`python -m benchmarks.packing`"]]
+
+
+SECTIONS = (capture_section, placement_section, packing_section, runtime_section,
             auto_calibration_section,
             fit_section, optimizers_section, moe_section, nas_section,
             scale_section, confinement_section)
@@ -845,7 +881,7 @@ def _capture_claims() -> list[list[str]]:
            "time", "`python -m benchmarks.capture`"]]
 
 
-CLAIMS = (_placement_claims, _runtime_claims, _auto_calibration_claims,
+CLAIMS = (_placement_claims, _packing_claims, _runtime_claims, _auto_calibration_claims,
           _fit_claims, _optimizer_claims,
           _pruning_claims, _nas_claims, _scale_claims, _capture_claims,
           _confinement_claims)

@@ -17,6 +17,9 @@
     over-subscribing its static budgets, each plan proven feasible by the
     simulator);
   * each of those on the coarsened graph ("<placer>/coarse");
+  * where none of them fits (caps near the live-memory bound), m-pack
+    (tfopt.placement.m_pack): whole layers packed by liveness, block moves
+    and swaps off the device furthest over, then single groups;
   * refinement ("<best>+refine", tfopt.placement.refine): the best plan
     improved by moving one colocation group at a time, each move simulated
     (from the plan least over its caps when none fits: a liveness-aware
@@ -71,6 +74,7 @@ from tfopt.placement.bound import MakespanBound, makespan_bound
 from tfopt.placement.coarsen import coarsen as coarsen_graph
 from tfopt.placement.m_branch import m_branch
 from tfopt.placement.m_etf import m_etf
+from tfopt.placement.m_pack import m_pack
 from tfopt.placement.m_sct import favourite_children, m_sct
 from tfopt.placement.m_stage import m_stage
 from tfopt.placement.m_topo import m_topo
@@ -224,6 +228,7 @@ PLACERS: dict[str, Callable[[PlacementProblem], Placement]] = {
     "m-topo-live": _m_topo_live,
     "m-stage": m_stage,
     "m-branch": m_branch,
+    "m-pack": m_pack,
 }
 
 
@@ -439,10 +444,13 @@ def _check_place_arguments(placer, time_limit_s, target_gap) -> None:
 
 def _liveness_repairs(run: "_Portfolio", names) -> None:
   """Large graphs where nothing fitted statically: the liveness-checked
-  placers the portfolio leaves out at that size."""
+  placers the portfolio leaves out at that size; where still nothing fits
+  (caps near the live-memory bound), m-pack."""
   if not run.best() and "m-topo-live" not in names:
     run.attempt("m-topo-live")
     run.attempt("m-stage")
+  if not run.best():
+    run.attempt("m-pack")
 
 
 def _exact_in_auto(run: "_Portfolio") -> None:

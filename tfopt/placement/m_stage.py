@@ -149,6 +149,12 @@ def _mirror_rest(problem: PlacementProblem, pos, preds, backward) -> None:
       pos[n] = max((pos[p] for p in preds[n] if p in pos), default=0.0)
 
 
+def layer_blocks(problem: PlacementProblem) -> list[list[str]]:
+  """The graph's layers: lists of group ids, sorted by position (steps 1
+  and 2 of the module doc)."""
+  return _blocks(problem, positions(problem))
+
+
 def _blocks(problem: PlacementProblem, pos) -> list[list[str]]:
   """Units (group ids) with one position form a block, sorted by position;
   stages are cut between blocks only (a layer is never split)."""
@@ -159,7 +165,9 @@ def _blocks(problem: PlacementProblem, pos) -> list[list[str]]:
   return [[gid for _, gid in sorted(at[p])] for p in sorted(at)]
 
 
-def _weights(problem: PlacementProblem, blocks) -> dict[str, list[float]]:
+def block_weights(problem: PlacementProblem,
+                  blocks) -> dict[str, list[float]]:
+  """Each block's persistent bytes, static bytes and compute."""
   persistent, static, compute = [], [], []
   for gids in blocks:
     names = [n for gid in gids for n in problem.members[gid]]
@@ -170,7 +178,7 @@ def _weights(problem: PlacementProblem, blocks) -> dict[str, list[float]]:
   return {"persistent": persistent, "static": static, "compute": compute}
 
 
-def _even_cuts(weights: list[float], k: int) -> list[int]:
+def even_cuts(weights: list[float], k: int) -> list[int]:
   """k - 1 cut indices splitting `weights` into k runs of about equal sum
   (each cut at the block boundary nearest its share)."""
   prefix = [0.0]
@@ -256,14 +264,14 @@ def _repair(problem: PlacementProblem, blocks, cuts, devices):
 def m_stage(problem: PlacementProblem) -> Placement:
   """The fastest feasible stage cut (see module doc); raises
   InfeasiblePlacement when no cut fits."""
-  blocks = _blocks(problem, positions(problem))
-  weights = _weights(problem, blocks)
+  blocks = layer_blocks(problem)
+  weights = block_weights(problem, blocks)
   best = None
   tried = set()
   for k in range(1, problem.num_devices + 1):
     devices = list(range(k))
     for weight in ("persistent", "static", "compute"):
-      cuts = tuple(_even_cuts(weights[weight], k))
+      cuts = tuple(even_cuts(weights[weight], k))
       if cuts in tried:
         continue
       tried.add(cuts)
