@@ -1,5 +1,5 @@
-"""Predicted against measured steps with `calibration="auto"`, on models that
-are not in the runtime benchmark.
+"""Predicted against measured steps with tfopt.compile's default calibration,
+on models that are not in the runtime benchmark.
 
     python -m benchmarks.auto_calibration
 
@@ -8,10 +8,10 @@ devices=<2 logical CPUs>)` without running `tfopt-calibrate` by hand: for
 each model, in a fresh process (traced profiles drift in a process that
 profiled other models), the hook's predicted step (the chosen plan's
 simulated makespan, `HookReport.predicted_us`) against the step `fit`
-really takes, with the default model of the machine (`calibration=None`:
-Baechi's PCIe-like link, devices computing apart) and with
-`calibration="auto"` (this machine's, measured once and cached:
-`tfopt.calibration_cache`). The measured step is the median over rounds of
+really takes, with Baechi's model of the machine (`calibration=None`:
+its PCIe-like link, devices computing apart; mode "none") and with no
+`calibration` argument (mode "default": `calibration="auto"`, this
+machine's, measured once and cached: `tfopt.calibration_cache`). The measured step is the median over rounds of
 (time of a fit of `long` steps - time of a fit of `short` steps) / (long -
 short): fit's fixed costs (callbacks, the iterator) cancel out. Each model
 and mode runs in `repeats` fresh processes, the modes alternating; the row
@@ -23,7 +23,7 @@ Models: a branchy CNN (an Inception-style block: 1x1, 3x3 and pooled
 branches concatenated, twice), keras.applications MobileNet (alpha 0.25,
 32x32 inputs) and an LSTM text classifier. Writes
 benchmarks/results/auto_calibration.json; the calibration cache is a
-temporary directory, so the first "auto" run measures this machine.
+temporary directory, so the first "default" run measures this machine.
 """
 
 from __future__ import annotations
@@ -103,13 +103,16 @@ def _row(name: str, mode: str, rounds: int, cache: str) -> dict:
   import keras  # pylint: disable=g-import-not-at-top
   import tfopt  # pylint: disable=g-import-not-at-top
   os.environ["TFOPT_CACHE_DIR"] = cache
+  os.environ.pop("TFOPT_CALIBRATION", None)  # the default is "auto"
   model, x, y = _build(name)
   started = time.perf_counter()
+  # Mode "default": what a user gets without the argument.
+  chosen = {"calibration": None} if mode == "none" else {}
   tfopt.compile(model, optimizer="adam", verbose=False,
                 loss=keras.losses.SparseCategoricalCrossentropy(
                     from_logits=True),
                 placement="auto", devices=["/device:CPU:0", "/device:CPU:1"],
-                calibration=None if mode == "default" else "auto")
+                **chosen)
   model.fit(x[:BATCH * 2], y[:BATCH * 2], batch_size=BATCH, verbose=0)
   compile_s = time.perf_counter() - started
   (report,) = model.train_function.reports.values()
@@ -163,7 +166,7 @@ def main(argv):
   rows = []
   with tempfile.TemporaryDirectory() as cache:
     for name in FLAGS.models:
-      runs = {"default": [], "auto": []}
+      runs = {"none": [], "default": []}
       for _ in range(FLAGS.repeats):
         for mode in runs:
           row = _one_process(name, mode, cache)

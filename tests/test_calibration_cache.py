@@ -1,5 +1,7 @@
-"""calibration="auto": measured once per machine, TensorFlow, kind and
-count of devices, kept in a cache and read back (tfopt.calibration_cache).
+"""tfopt.compile's default calibration ("auto"): measured once per machine,
+TensorFlow, kind and count of devices, kept in a cache and read back
+(tfopt.calibration_cache); TFOPT_CALIBRATION=none or calibration=None opt
+out.
 A fake measurement stands in for fit_cluster where only the cache is under
 test; the end-to-end test measures for real."""
 
@@ -15,7 +17,8 @@ import tensorflow as tf
 
 from tfopt.calibration import Calibration
 from tfopt.calibration_cache import (auto_calibration, cache_directory,
-                                     cache_path, cached_calibration)
+                                     cache_path, cached_calibration,
+                                     default_mode)
 from tfopt.cost.comm import Link
 
 
@@ -79,6 +82,28 @@ def test_cache_directory_argument_env_and_default(tmp_path, monkeypatch):
     cache_path("gpu", 2)
 
 
+def test_default_mode_is_auto_unless_the_environment_says_none(monkeypatch):
+  monkeypatch.delenv("TFOPT_CALIBRATION", raising=False)
+  assert default_mode() == "auto"
+  monkeypatch.setenv("TFOPT_CALIBRATION", " None ")
+  assert default_mode() == "none"
+  monkeypatch.setenv("TFOPT_CALIBRATION", "off")
+  with pytest.raises(ValueError, match=r"`TFOPT_CALIBRATION` must be one of "
+                     r"\['auto', 'none'\].*Received: TFOPT_CALIBRATION='off'"):
+    default_mode()
+
+
+def test_the_default_without_placement_is_not_refused(monkeypatch):
+  import keras  # pylint: disable=g-import-not-at-top
+  import tfopt  # pylint: disable=g-import-not-at-top
+  monkeypatch.setenv("TFOPT_CALIBRATION", "off")  # never read without it
+  model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(2)])
+  tfopt.compile(model, optimizer="sgd", loss="mse", verbose=False)
+  with pytest.raises(ValueError, match="Argument `calibration` must be "
+                     "given only with `placement`"):
+    tfopt.compile(model, optimizer="sgd", loss="mse", calibration="auto")
+
+
 def test_auto_calibrates_only_this_process_cpus(tmp_path):
   calls = []
   kw = dict(directory=tmp_path, measure=_fake(calls))
@@ -96,12 +121,12 @@ tf.config.set_logical_device_configuration(
     tf.config.list_physical_devices("CPU")[0],
     [tf.config.LogicalDeviceConfiguration()] * 2)
 import keras, numpy as np, tfopt
-def fitted():
+def fitted(**calibration):
   model = keras.Sequential([keras.Input((16,)), keras.layers.Dense(32),
                             keras.layers.Dense(4)])
   tfopt.compile(model, optimizer="adam", loss="mse", placement="auto",
-                devices=["/device:CPU:0", "/device:CPU:1"],
-                calibration="auto", verbose=False)
+                devices=["/device:CPU:0", "/device:CPU:1"], verbose=False,
+                **calibration)
   x = np.random.rand(32, 16).astype("float32")
   model.fit(x, np.random.rand(32, 4).astype("float32"), batch_size=8,
             verbose=0)
@@ -111,19 +136,27 @@ print("FIRST", fitted())
 print("MTIME", os.path.getmtime(sys.argv[1]))
 print("SECOND", fitted())
 print("MTIME", os.path.getmtime(sys.argv[1]))
+print("NONE", fitted(calibration=None))
+os.environ["TFOPT_CALIBRATION"] = "none"
+print("ENVNONE", fitted())
 """
 
 
 @pytest.mark.slow
-def test_compile_auto_measures_this_machine_once_and_reports_it(tmp_path):
+def test_compile_by_default_measures_this_machine_once_and_reports_it(
+    tmp_path):
+  # No `calibration` argument and no TFOPT_CALIBRATION (the suite sets it
+  # to "none"): what a user gets.
   env = dict(os.environ, TFOPT_CACHE_DIR=str(tmp_path))
+  env.pop("TFOPT_CALIBRATION", None)
   path = cache_path("logical", 2, tmp_path)
   done = subprocess.run([sys.executable, "-c", _SCRIPT, str(path)], env=env,
                         capture_output=True, text=True, timeout=600,
                         check=False)
   assert done.returncode == 0, done.stderr[-3000:]
   lines = dict(line.split(" ", 1) for line in done.stdout.splitlines()
-               if line.split(" ", 1)[0] in ("FIRST", "SECOND"))
+               if line.split(" ", 1)[0] in ("FIRST", "SECOND", "NONE",
+                                            "ENVNONE"))
   out = done.stdout
   # Measured here (a file now in the cache), and the report says which
   # calibration it used and how old it is.
@@ -138,3 +171,6 @@ def test_compile_auto_measures_this_machine_once_and_reports_it(tmp_path):
       lines["FIRST"].split(" min old")[1]
   doc = json.loads(path.read_text())
   assert doc["kind"] == "logical" and doc["num_devices"] == 2
+  # Opted out, by the argument or the environment: Baechi's model.
+  assert lines["NONE"].startswith("not calibrated"), lines["NONE"]
+  assert lines["ENVNONE"].startswith("not calibrated"), lines["ENVNONE"]

@@ -1,6 +1,6 @@
 """This machine's calibrations, measured once and kept (`calibration="auto"`).
 
-`tfopt.compile(..., calibration="auto")` and `cached_calibration` give the
+`tfopt.compile(...)` (by default) and `cached_calibration` give the
 placer's simulator this machine's link and core sharing without a
 `tfopt-calibrate` run by hand: the first call for a kind and count of
 devices measures them (`tfopt.runtime.calibrate.fit_cluster`, seconds) and
@@ -8,6 +8,10 @@ keeps the result in a cache; later calls, in this process or the next,
 read it. A cached file is measured again when it no longer fits: made on
 another machine or TensorFlow version (`tfopt.calibration.check_here`),
 stale (`STALE_AFTER_DAYS`), or unreadable.
+
+It is tfopt.compile's default: `calibration="default"` is "auto" unless
+`$TFOPT_CALIBRATION=none` (`default_mode`); `calibration=None` is Baechi's
+PCIe-like model, uncalibrated.
 
 Cache directory: the `directory` argument, else `$TFOPT_CACHE_DIR`, else
 `$XDG_CACHE_HOME/tfopt`, else `~/.cache/tfopt`. One file per host, machine
@@ -39,6 +43,24 @@ from tfopt.calibration import (KINDS, Calibration, CalibrationError,
                                load_calibration, machine_fingerprint)
 
 ENV_DIR = "TFOPT_CACHE_DIR"
+# tfopt.compile's default calibration ("default"): this variable's value,
+# "auto" when unset.
+ENV_DEFAULT = "TFOPT_CALIBRATION"
+DEFAULT_MODES = ("auto", "none")
+
+
+def default_mode() -> str:
+  """What `tfopt.compile(calibration="default")` means here: "auto" (this
+  machine's cached calibration) unless `$TFOPT_CALIBRATION` says "none"
+  (Baechi's PCIe-like model: plans that do not depend on this machine's
+  measured speed, e.g. in a test suite)."""
+  value = os.environ.get(ENV_DEFAULT, "").strip().lower() or "auto"
+  if value not in DEFAULT_MODES:
+    raise ValueError(
+        f"Environment variable `{ENV_DEFAULT}` must be one of "
+        f"{list(DEFAULT_MODES)} (tfopt.compile's default calibration) or "
+        f"unset. Received: {ENV_DEFAULT}={os.environ[ENV_DEFAULT]!r}")
+  return value
 
 
 def cache_directory(directory: str | os.PathLike | None = None

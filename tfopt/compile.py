@@ -558,7 +558,7 @@ def compile(model, *, fusion: bool = True,  # pylint: disable=redefined-builtin
             devices: Sequence[str] | None = None,
             memory_per_device: int | None = None, verbose: bool = True,
             pins: dict | None = None, cluster: Any = None,
-            calibration: Any = None, select: str = "simulated",
+            calibration: Any = "default", select: str = "simulated",
             measure_steps: int = 5, **compile_kwargs):
   """Compiles `model` with Keras and installs tfopt's optimized train step.
 
@@ -582,14 +582,17 @@ def compile(model, *, fusion: bool = True,  # pylint: disable=redefined-builtin
       ...]} (`LoopbackServers.spec`), a `tf.train.ClusterSpec`, a
       TF_CONFIG-style dict or JSON string; None reads `TF_CONFIG` when the
       devices name tasks.
-    calibration: a calibration file's path (`tfopt-calibrate`) or a
-      `tfopt.calibration.Calibration`: the devices' fitted link and core
-      sharing, which the placer's simulator uses (default: Baechi's
-      PCIe-like link, devices computing apart). A file from another machine
-      or TensorFlow is refused; a stale one is named so in the report.
-      "auto": for two or more CPU devices of this process, this machine's
-      calibration from the cache, measured briefly the first time
-      (`tfopt.calibration_cache`); other devices are not calibrated.
+    calibration: "default", "auto", None, a calibration file's path
+      (`tfopt-calibrate`) or a `tfopt.calibration.Calibration`: the
+      devices' fitted link and core sharing, which the placer's simulator
+      uses. "auto": for two or more CPU devices of this process, this
+      machine's calibration from the cache, measured briefly (seconds) the
+      first time (`tfopt.calibration_cache`); other devices are not
+      calibrated. "default" (the default): "auto", unless the environment
+      variable `TFOPT_CALIBRATION=none` asks for None. None: Baechi's
+      PCIe-like link, devices computing apart. A file from another machine
+      or TensorFlow is refused; a stale one is named so in the report,
+      which always says which calibration was used and how old it is.
     select: "simulated" (the portfolio's fastest predicted plan) or
       "measured": the best few plans and one device (where it fits) run
       `measure_steps` steps each on the devices, the fastest measured wins;
@@ -727,6 +730,7 @@ def _check_placement(placement, devices, cluster, pins, calibration, select,
     raise invalid_argument("placement", f"None or one of {names}", placement)
   spec = _connect_cluster(devices, cluster)
   _check_devices(devices)
+  calibration = _resolve_default_calibration(calibration)
   if isinstance(calibration, str) and calibration == "auto":
     from tfopt.calibration_cache import auto_calibration  # pylint: disable=g-import-not-at-top
     calibration = auto_calibration(devices)
@@ -734,9 +738,20 @@ def _check_placement(placement, devices, cluster, pins, calibration, select,
           check_selection(calibration, select, measure_steps))
 
 
+def _resolve_default_calibration(calibration):
+  """"default" as `tfopt.calibration_cache.default_mode` says: "auto" or
+  None; anything else unchanged."""
+  if not (isinstance(calibration, str) and calibration == "default"):
+    return calibration
+  from tfopt.calibration_cache import default_mode  # pylint: disable=g-import-not-at-top
+  return "auto" if default_mode() == "auto" else None
+
+
 def _refuse_without_placement(*, devices, pins, cluster, calibration,
                               select) -> None:
   """Arguments that mean something only with `placement` are refused."""
+  if isinstance(calibration, str) and calibration == "default":
+    calibration = None  # the default means nothing without placement
   given = ([(n, v) for n, v in (("devices", devices), ("pins", pins)) if v]
            + [(n, v) for n, v in (("cluster", cluster),
                                   ("calibration", calibration))
