@@ -166,10 +166,8 @@ class _OptimizedTrainFunction:
   """The callable Keras' `fit` calls with its data iterator, once a step."""
 
   def __init__(self, model, *, fusion: bool, placement: str | None,
-               devices: Sequence[str] | None, memory_per_device: int | None,
+               where=None, memory_per_device: int | None,
                verbose: bool, xla: bool = False,
-               pins: dict[str, int] | None = None,
-               cluster: dict[str, list[str]] | None = None,
                calibration=None, select: str = "simulated",
                measure_steps: int = 5, strategy=None):
     self.model = model
@@ -183,11 +181,12 @@ class _OptimizedTrainFunction:
     self.xla = xla
     self.fusion = fusion
     self.placement = placement
-    self.devices = list(devices or [])
+    # The checked devices, cluster and pins (tfopt.compile_devices), None
+    # without placement.
+    self.where = where
+    self.devices = list(where.names) if where is not None else []
     self.memory_per_device = memory_per_device
     self.verbose = verbose
-    self.pins = dict(pins or {})
-    self.cluster_spec = cluster
     # Set once the model's variables follow a plan: later input signatures
     # keep them where they are.
     self.variables_placed = False
@@ -368,16 +367,11 @@ class _OptimizedTrainFunction:
 
   def _devices_target(self) -> str:
     """The session target for the devices given ("" for this process's)."""
-    from tfopt.runtime.remote import is_remote, session_target  # pylint: disable=g-import-not-at-top
-    remote = next((d for d in self.devices if is_remote(d)), None)
-    return "" if remote is None else session_target(self.cluster_spec, remote)
+    return self.where.target if self.where is not None else ""
 
   def _target(self, graph_def) -> str:
     """The session target for a graph placed on tasks of a cluster."""
-    from tfopt.runtime.remote import is_remote, session_target  # pylint: disable=g-import-not-at-top
-    remote = next((n.device for n in graph_def.node
-                   if n.device and is_remote(n.device)), None)
-    return "" if remote is None else session_target(self.cluster_spec, remote)
+    return self.where.target_of(graph_def) if self.where is not None else ""
 
   def _report_plan(self, report, plan, graph, step, costs) -> None:
     from tfopt.compile_placement import placement_summary  # pylint: disable=g-import-not-at-top
@@ -401,25 +395,14 @@ class _OptimizedTrainFunction:
         "(tfopt-calibrate fits this machine's)")
 
   def _cluster(self):
-    """The devices as a Cluster; each device's type from its string (a
-    placer keeps CPU-only ops off GPUs). CPU devices of this process hand
-    tensors over without a copy (CommModel.shared_buffers)."""
-    from tfopt.cluster import Cluster, Device  # pylint: disable=g-import-not-at-top
-    from tfopt.cost.comm import CommModel  # pylint: disable=g-import-not-at-top
-    from tfopt.runtime.remote import device_type, in_process_cpus  # pylint: disable=g-import-not-at-top
-    devices = tuple(Device(d, device_type(d), self.memory_per_device)
-                    for d in self.devices)
-    cluster = Cluster(devices, CommModel(
-        shared_buffers=in_process_cpus(self.devices)))
-    if self.calibration is not None:
-      cluster = self.calibration.applied_to(cluster)
-    return cluster
+    """The devices as a Cluster (`PlacementDevices.cluster`)."""
+    return self.where.cluster(self.memory_per_device, self.calibration)
 
   def _pins(self, step) -> dict[str, int]:
     """What the placer must keep (see tfopt.compile_placement): the user's
     pins, variables tfopt cannot move, and variables already placed."""
     from tfopt.compile_placement import resolve_pins, step_pins  # pylint: disable=g-import-not-at-top
-    user = resolve_pins(self.model, self.pins)
+    user = resolve_pins(self.model, self.where.pins)
     return step_pins(step, self.model, self.devices, user,
                      keep_in_place=self.variables_placed)
 
@@ -432,13 +415,12 @@ class _OptimizedTrainFunction:
     where a cap is real memory (server tasks under OS caps, GPUs)."""
     from tfopt.compile_placement import fits_one_device  # pylint: disable=g-import-not-at-top
     from tfopt.cost.profile import profile_step  # pylint: disable=g-import-not-at-top
-    from tfopt.runtime.remote import in_process_cpus, is_remote  # pylint: disable=g-import-not-at-top
     cache = _PROFILES.setdefault(self.model, {})
     if key in cache:
       return cache[key]
-    local = not any(is_remote(d) for d in self.devices)
-    if in_process_cpus(self.devices) or (
-        local and fits_one_device(step, self.memory_per_device)):
+    if self.where.in_process_cpus or (
+        not self.where.remote and
+        fits_one_device(step, self.memory_per_device)):
       cache[key] = profile_step(step, inputs=inputs)
       return cache[key]
     first = dataclasses.replace(ctx, costs=None, results={}, choose=None)
@@ -610,9 +592,9 @@ def compile(model, *, fusion: bool = True,  # pylint: disable=redefined-builtin
   jit, strategy = _check_model(model, compile_kwargs)
   from tfopt import compile_strategy  # pylint: disable=g-import-not-at-top
   compile_strategy.refuse_placement(strategy, placement)
-  spec = None
+  where = None
   if placement is not None:
-    spec, pins, calibration = _check_placement(
+    where, calibration = _check_placement(
         placement, devices, cluster, pins, calibration, select,
         measure_steps)
   else:
@@ -632,14 +614,13 @@ def compile(model, *, fusion: bool = True,  # pylint: disable=redefined-builtin
       model.compile(jit_compile=jit, **compile_kwargs)
   else:
     model.compile(jit_compile=jit, **compile_kwargs)
-  if spec is not None:
+  if where is not None and where.remote:
     _renew_after_connect(model)
   if fusion or placement:
     hook = _OptimizedTrainFunction(
-        model, fusion=fusion, placement=placement, devices=devices,
+        model, fusion=fusion, placement=placement, where=where,
         memory_per_device=memory_per_device, verbose=verbose,
-        xla=jit is True, pins=pins if placement else None,
-        cluster=spec, calibration=calibration, select=select,
+        xla=jit is True, calibration=calibration, select=select,
         measure_steps=measure_steps, strategy=strategy)
     # Keras' fit calls make_train_function(), which keeps a function that is
     # already set; compile() resets it, which removes the hook.
@@ -721,21 +702,20 @@ def _check_inputs_fit(model, memory_per_device: int) -> None:
 
 def _check_placement(placement, devices, cluster, pins, calibration, select,
                      measure_steps):
-  """The placement arguments checked: (cluster spec or None, pins as
-  device indices, the loaded calibration or None)."""
-  from tfopt.compile_placement import check_pins, check_selection  # pylint: disable=g-import-not-at-top
+  """The placement arguments checked: (the devices, cluster and pins as one
+  `PlacementDevices`, the loaded calibration or None)."""
+  from tfopt.compile_devices import check_placement_devices  # pylint: disable=g-import-not-at-top
+  from tfopt.compile_placement import check_selection  # pylint: disable=g-import-not-at-top
   from tfopt.placement.api import PLACERS  # pylint: disable=g-import-not-at-top
   names = sorted(PLACERS) + ["auto", "exact"]
   if placement not in names:
     raise invalid_argument("placement", f"None or one of {names}", placement)
-  spec = _connect_cluster(devices, cluster)
-  _check_devices(devices)
+  where = check_placement_devices(devices, cluster, pins)
   calibration = _resolve_default_calibration(calibration)
   if isinstance(calibration, str) and calibration == "auto":
     from tfopt.calibration_cache import auto_calibration  # pylint: disable=g-import-not-at-top
-    calibration = auto_calibration(devices)
-  return (spec, check_pins(pins, list(devices)),
-          check_selection(calibration, select, measure_steps))
+    calibration = auto_calibration(where.names)
+  return where, check_selection(calibration, select, measure_steps)
 
 
 def _resolve_default_calibration(calibration):
@@ -774,36 +754,6 @@ def _renew_after_connect(model) -> None:
   if seed is not None and all(seed is not v for v in variables):
     variables.append(seed)
   renew_variables(variables, optimizer=model.optimizer)
-
-
-def _connect_cluster(devices, cluster):
-  """The cluster spec when `devices` name tasks of other jobs (this
-  process connects to it); None for devices of this process."""
-  from tfopt.runtime import remote  # pylint: disable=g-import-not-at-top
-  names = [d for d in (devices or []) if isinstance(d, str)]
-  if not any(remote.is_remote(d) for d in names):
-    if cluster is not None:
-      raise invalid_argument("cluster", "given only when `devices` name tasks "
-                             "of a cluster (/job:<name>/task:<i>/...)",
-                             cluster)
-    return None
-  return remote.connect(cluster)
-
-
-def _check_devices(devices) -> None:
-  import tensorflow as tf  # pylint: disable=g-import-not-at-top
-  from tfopt.runtime.session import same_device  # pylint: disable=g-import-not-at-top
-  devices = list(devices or [])
-  if len(devices) < 1 or not all(isinstance(d, str) and d for d in devices):
-    raise invalid_argument("devices", "a non-empty list of TF device strings "
-                           "when `placement` is given", devices)
-  available = [d.name for d in tf.config.list_logical_devices()]
-  for d in devices:
-    if not any(same_device(d, a) for a in available):
-      raise invalid_argument(
-          "devices", f"devices of this process ({available}); logical CPU "
-          f"devices come from tf.config.set_logical_device_configuration "
-          f"before TensorFlow starts", devices)
 
 
 def _has_strategy() -> bool:

@@ -1,0 +1,46 @@
+"""tfopt.compile's `devices`, `cluster` and `pins`, checked once into one
+PlacementDevices (tfopt.compile_devices); each bad argument named."""
+
+import pytest
+
+from tfopt.compile_devices import PlacementDevices, check_placement_devices
+
+
+def test_devices_of_this_process_checked_into_one_value():
+  where = check_placement_devices(["/device:CPU:0"], None,
+                                  {"dense": "/device:CPU:0", "out": 0})
+  assert where == PlacementDevices(("/device:CPU:0",), None,
+                                   {"dense": 0, "out": 0}, True)
+  assert not where.remote and where.target == ""
+  cluster = where.cluster(1000)
+  assert [d.name for d in cluster.devices] == ["/device:CPU:0"]
+  assert cluster.devices[0].memory_bytes == 1000
+  assert cluster.devices[0].device_type == "CPU"
+  assert cluster.comm.shared_buffers
+
+
+@pytest.mark.parametrize("devices", ["/device:CPU:0", [], [""], [0], None])
+def test_devices_that_are_not_a_list_of_strings(devices):
+  with pytest.raises(ValueError, match=r"Argument `devices` must be a "
+                     r"non-empty list of TF device strings"):
+    check_placement_devices(devices, None, None)
+
+
+def test_a_device_this_process_does_not_have():
+  with pytest.raises(ValueError, match=r"Argument `devices` must be devices "
+                     r"of this process \(\[.*CPU:0.*\]\).*Received: "
+                     r"devices=\['/device:CPU:0', '/device:CPU:9'\]"):
+    check_placement_devices(["/device:CPU:0", "/device:CPU:9"], None, None)
+
+
+def test_a_cluster_for_devices_of_this_process():
+  with pytest.raises(ValueError, match="Argument `cluster` must be given "
+                     "only when `devices` name tasks"):
+    check_placement_devices(["/device:CPU:0"], {"worker": ["127.0.0.1:1"]},
+                            None)
+
+
+def test_pins_to_a_device_not_given():
+  with pytest.raises(ValueError, match=r"Argument `pins\['dense'\]` must be "
+                     r"a device index in \[0, 1\)"):
+    check_placement_devices(["/device:CPU:0"], None, {"dense": 1})
