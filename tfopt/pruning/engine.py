@@ -73,7 +73,7 @@ class PruneReport:
     return "\n".join(lines)
 
 
-def _batches(model, data, batch_size: int) -> list:
+def calibration_batches(model, data, batch_size: int) -> list:
   """Calibration batches shaped like the model's input: arrays, or dicts of
   arrays for models with named inputs (keras-hub backbones)."""
   if isinstance(data, dict):
@@ -170,7 +170,7 @@ def prune_moe(model, data, method: str = "moe_pruner", sparsity=None,
   for layer in _dense_layers(model, also_prune):
     layers.append(layer)
     adapters[id(layer)] = DenseAdapter()
-  batches = _batches(model, data, batch_size)
+  batches = calibration_batches(model, data, batch_size)
   for layer in layers:
     for k in adapters[id(layer)].kernels(layer):
       check_divides(opts.pattern, int(k.variable.shape[-2]),

@@ -190,8 +190,8 @@ def prune_experts(model, data, keep, method: str = "reap", *,
     raise invalid_argument("min_tokens", "an int >= 0", min_tokens)
   variables = [_expert_variables(a, layer) for a, layer in
                zip(adapters, layers)]
-  from tfopt.pruning.engine import _batches  # pylint: disable=import-outside-toplevel
-  batches = _batches(model, data, batch_size)
+  from tfopt.pruning.engine import calibration_batches  # pylint: disable=import-outside-toplevel
+  batches = calibration_batches(model, data, batch_size)
   report = ExpertPruneReport(method, keep, num_experts, [], [], [], [], [],
                              _count(model), 0)
   plans = []

@@ -98,7 +98,6 @@ class Relay:
     self.parent = parent
     self.job_fd = job_fd
     self.listeners: dict[int, socket.socket] = {}
-    self.refused = 0
 
   def serve_pair(self, client: socket.socket, port: int) -> None:
     from tfopt.runtime import netns  # pylint: disable=g-import-not-at-top
@@ -106,7 +105,6 @@ class Relay:
       peer = client.getpeername()
       inode = _peer_inode(peer[1], port)
       if inode is None or not _held_by(self.parent, inode):
-        self.refused += 1
         print(f"relay: refused a connection to port {port} from {peer} "
               f"(socket inode {inode}), not process {self.parent}'s",
               file=sys.stderr, flush=True)
