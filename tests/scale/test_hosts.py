@@ -1,0 +1,160 @@
+"""LocalHosts: hosts as network namespaces on one machine, joined by shaped
+links. The oracles: a tensor's transfer time against its bits over the link
+rate (TensorFlow's own runtime moving it, timed from the client's place);
+/proc, for what is left after close and after the owner is killed."""
+
+import json
+import os
+import pathlib
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from tfopt.scale import hosts as hosts_module
+from tfopt.scale.hosts import LocalHosts, link_rate_bits
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+needs_hosts = pytest.mark.skipif(
+    hosts_module.unavailable_reason() is not None,
+    reason=f"LocalHosts: {hosts_module.unavailable_reason()}")
+
+
+def _transfer_s(hosts, src: int, dst: int, megabytes: float) -> float:
+  devices = hosts.device_names
+  done = hosts.run_client(
+      [sys.executable, "-m", "tests._hosts_transfer_script", hosts.target,
+       devices[src], devices[dst], str(megabytes)],
+      capture_output=True, text=True, cwd=ROOT, timeout=300)
+  assert done.returncode == 0, done.stderr[-3000:]
+  return json.loads(done.stdout.strip().splitlines()[-1])["seconds"]
+
+
+@needs_hosts
+@pytest.mark.slow
+@pytest.mark.serial  # timed transfers
+def test_links_between_hosts_are_shaped_and_loopback_inside_one_is_not():
+  megabytes = 4.0
+  with LocalHosts(2, 2, link_rate="100mbit") as hosts:
+    assert hosts.spec == {"worker": ["10.201.0.1:2222", "10.201.0.1:2223",
+                                     "10.201.0.2:2222", "10.201.0.2:2223"]}
+    assert [hosts.host_of(k) for k in range(4)] == [0, 0, 1, 1]
+    across = _transfer_s(hosts, 0, 2, megabytes)
+    inside = _transfer_s(hosts, 0, 1, megabytes)
+  # 4 MiB at 100 Mbit/s: 0.336 s on the wire (the tensor's bytes; gRPC's
+  # framing adds a little).
+  wire = megabytes * 2**20 * 8 / 100e6
+  assert 0.95 * wire < across < 2.0 * wire, (across, wire)
+  assert inside < 0.25 * across, (inside, across)
+
+
+def _leftovers(namespaces, pids) -> list[str]:
+  """Processes of `pids` alive, and any process in, or fd on, one of
+  `namespaces`."""
+  found = [f"pid {p} alive" for p in pids if os.path.exists(f"/proc/{p}")
+           and _state(p) != "Z"]
+  for proc in pathlib.Path("/proc").iterdir():
+    if not proc.name.isdigit():
+      continue
+    try:
+      if os.readlink(proc / "ns" / "net") in namespaces:
+        found.append(f"process {proc.name} inside")
+      for fd in (proc / "fd").iterdir():
+        if os.readlink(fd) in namespaces:
+          found.append(f"fd {fd}")
+    except OSError:
+      continue
+  return found
+
+
+def _state(pid: int) -> str:
+  try:
+    with open(f"/proc/{pid}/stat", encoding="ascii") as f:
+      return f.read().rsplit(")", 1)[1].split()[0]
+  except OSError:
+    return "gone"
+
+
+def _gone(namespaces, pids, timeout_s: float = 15.0) -> list[str]:
+  deadline = time.monotonic() + timeout_s
+  while True:
+    left = _leftovers(namespaces, pids)
+    if not left or time.monotonic() > deadline:
+      return left
+    time.sleep(0.2)
+
+
+_OWNER = r"""
+import json, sys, time
+from tfopt.scale.hosts import LocalHosts
+hosts = LocalHosts(2, 1, link_rate="1gbit")
+print(json.dumps({"namespaces": hosts.namespaces,
+                  "pids": hosts.pids + hosts.holder_pids}), flush=True)
+time.sleep(600)
+"""
+
+
+@needs_hosts
+@pytest.mark.slow
+def test_nothing_is_left_after_close_or_after_the_owner_is_killed():
+  with LocalHosts(1, 1, link_rate=None) as hosts:
+    namespaces, pids = hosts.namespaces, hosts.pids + hosts.holder_pids
+    assert len(namespaces) == 3 and hosts.answers(0)
+  assert _gone(namespaces, pids) == []
+  owner = subprocess.Popen(  # pylint: disable=consider-using-with
+      [sys.executable, "-c", _OWNER], cwd=ROOT, stdout=subprocess.PIPE,
+      text=True)
+  try:
+    made = json.loads(owner.stdout.readline())
+    assert len(made["namespaces"]) == 4 and len(made["pids"]) == 6
+    assert _leftovers(made["namespaces"], made["pids"])  # they exist
+  finally:
+    owner.send_signal(signal.SIGKILL)
+    owner.wait()
+    owner.stdout.close()
+  assert _gone(made["namespaces"], made["pids"]) == []
+
+
+def test_tf_config_names_the_cluster_and_the_task():
+  hosts = LocalHosts.__new__(LocalHosts)  # no network: only the spec
+  hosts.job, hosts.spec = "worker", {"worker": ["10.201.0.1:2222",
+                                                "10.201.0.2:2222"]}
+  assert json.loads(hosts.tf_config(1)) == {
+      "cluster": hosts.spec, "task": {"type": "worker", "index": 1}}
+  with pytest.raises(ValueError, match=r"Argument `task` must be a task "
+                     r"index in \[0, 2\). Received: task=2"):
+    hosts.tf_config(2)
+
+
+@pytest.mark.parametrize("rate, bits", [("1gbit", 1e9), ("100mbit", 1e8),
+                                        (" 2.5 Mbit ", 2.5e6), (8e6, 8e6),
+                                        (None, None)])
+def test_link_rates(rate, bits):
+  assert link_rate_bits(rate) == bits
+
+
+@pytest.mark.parametrize("rate", ["fast", "0mbit", -1, True, "10 mb"])
+def test_bad_link_rates_are_named(rate):
+  with pytest.raises(ValueError, match=r"Argument `link_rate` must be a "
+                     r"rate such as '1gbit'"):
+    LocalHosts(2, 1, link_rate=rate)
+
+
+def test_bad_counts_and_subnet_are_named():
+  with pytest.raises(ValueError, match="Argument `num_hosts`"):
+    LocalHosts(0, 1)
+  with pytest.raises(ValueError, match="Argument `tasks_per_host`"):
+    LocalHosts(2, 0)
+  with pytest.raises(ValueError, match=r"Argument `subnet` must be three "
+                     r"octets"):
+    LocalHosts(2, 1, subnet="10.300.0")
+
+
+def test_without_namespaces_the_error_says_what_is_missing(monkeypatch):
+  monkeypatch.setattr(hosts_module, "unavailable_reason",
+                      lambda: "making one needs CAP_SYS_ADMIN (root)")
+  with pytest.raises(PermissionError, match=r"LocalHosts needs network "
+                     r"namespaces.*CAP_SYS_ADMIN \(root\)"):
+    LocalHosts(2, 1)

@@ -1,0 +1,430 @@
+"""LocalHosts: several hosts on one machine, each its own network stack.
+
+    with LocalHosts(2, 2, link_rate="100mbit") as hosts:
+      hosts.spec            # {"worker": ["10.201.0.1:2222", ...]}
+      hosts.device_names    # "/job:worker/task:k/device:CPU:0", task order
+      hosts.tf_config(3)    # TF_CONFIG of task 3 (JSON)
+      hosts.run_client([sys.executable, "train.py"])  # on the fabric
+
+Each host is a Linux network namespace joined to a bridge (in a namespace
+of its own, the fabric) by a veth pair; both ends of a host's link are
+shaped with a token bucket (`tc qdisc ... tbf`) at `link_rate`, so a
+tensor between two hosts crosses two shaped links and the bridge, while
+tasks of one host talk over its loopback at memory speed. This kernel has
+no `netem`: latency cannot be injected, only rate; the latency between
+hosts is the kernel's (tens of microseconds). Each host's TensorFlow server
+tasks (`tfopt.runtime.server`) run inside its namespace, pinned to cores
+and under memory cgroups where asked (as `LoopbackServers` does). The
+client -- this process's work for the cluster, or a script run by
+`run_client` -- sits in a namespace of its own on the fabric with an
+unshaped link (`client_address`).
+
+Addresses exist only inside the namespaces this object made (10.201.0.0/24
+by default: host h is .h+1, the client .254); nothing is added to this
+machine's own network, and no packet leaves the fabric.
+
+Nothing outlives the object, also when this process is killed: the
+namespaces are anonymous (no name under /var/run/netns), held by a holder
+process each that the kernel kills when this process dies
+(PR_SET_PDEATHSIG) and by this process's file descriptors; the tasks exit
+when their parent is gone; links and the bridge vanish with their
+namespaces. `close()` (or leaving the `with` block, also by an exception
+or Ctrl-C) kills the tasks and holders at once.
+
+Needs Linux, root (CAP_SYS_ADMIN and CAP_NET_ADMIN), `ip`, `tc` and
+`nsenter`; `unavailable_reason()` names what is missing and the
+constructor raises PermissionError with it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+
+from tfopt._errors import check_positive_int, invalid_argument
+from tfopt._native import tensorflow_only_env
+from tfopt.cluster import Cluster
+from tfopt.cost.comm import CommModel
+from tfopt.runtime import caps, netns
+from tfopt.runtime.processes import _check_cpus
+
+# Each host's tasks listen on BASE_PORT, BASE_PORT + 1, ... inside its own
+# namespace (a fresh port space: nothing else listens there).
+BASE_PORT = 2222
+# A holder process: leaves for a network namespace of its own, asks the
+# kernel to kill it when its parent dies, says "ready" and sleeps.
+_HOLDER = (
+    "import ctypes, os, signal, sys\n"
+    "libc = ctypes.CDLL(None, use_errno=True)\n"
+    "libc.prctl(1, 9, 0, 0, 0)\n"  # PR_SET_PDEATHSIG, SIGKILL
+    "if os.getppid() != int(sys.argv[1]): sys.exit(1)\n"
+    "if libc.unshare(0x40000000) != 0: sys.exit(2)\n"  # CLONE_NEWNET
+    "print('ready', flush=True)\n"
+    "signal.pause()\n")
+_RATE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(bit|kbit|mbit|gbit)\s*$", re.I)
+_SCALE = {"bit": 1, "kbit": 1e3, "mbit": 1e6, "gbit": 1e9}
+_TOOLS = ("ip", "tc", "nsenter")
+
+
+def unavailable_reason() -> str | None:
+  """Why LocalHosts cannot be made here, or None."""
+  reason = netns.unavailable_reason()
+  if reason is not None:
+    return reason
+  missing = [t for t in _TOOLS if shutil.which(t) is None]
+  if missing:
+    return (f"the commands {missing} are not installed (iproute2 and "
+            f"util-linux)")
+  return None
+
+
+def link_rate_bits(link_rate) -> float | None:
+  """A rate such as "1gbit", "100mbit" or bits per second as a number, in
+  bits per second; None for an unshaped link."""
+  if link_rate is None:
+    return None
+  if isinstance(link_rate, (int, float)) and not isinstance(link_rate, bool):
+    if link_rate > 0:
+      return float(link_rate)
+  elif isinstance(link_rate, str):
+    found = _RATE.match(link_rate)
+    if found and float(found.group(1)) > 0:
+      return float(found.group(1)) * _SCALE[found.group(2).lower()]
+  raise invalid_argument("link_rate", "a rate such as '1gbit', '100mbit' or "
+                         "'500kbit', bits per second > 0, or None (unshaped)",
+                         link_rate)
+
+
+class _Namespace:
+  """One anonymous network namespace, held by a holder process (for `ip`
+  and `nsenter`, which name a namespace by a pid) and an fd here (for
+  tasks, which enter it through `pass_fds`)."""
+
+  def __init__(self, label: str, start_timeout: float = 30.0):
+    self.label = label
+    self.holder = subprocess.Popen(  # pylint: disable=consider-using-with
+        [sys.executable, "-c", _HOLDER, str(os.getpid())],
+        stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL, env={"PATH": os.environ.get("PATH", "")})
+    deadline = time.monotonic() + start_timeout
+    line = b""
+    while not line and time.monotonic() < deadline:
+      line = self.holder.stdout.readline()
+      if self.holder.poll() is not None:
+        break
+    if line.strip() != b"ready":
+      self.close()
+      raise OSError(f"The network namespace of {label} could not be made "
+                    f"(its holder exited with {self.holder.returncode}).")
+    self.fd = os.open(f"/proc/{self.holder.pid}/ns/net", os.O_RDONLY)
+
+  @property
+  def pid(self) -> int:
+    return self.holder.pid
+
+  @property
+  def identity(self) -> str:
+    """The namespace as /proc shows it ("net:[inode]")."""
+    return os.readlink(f"/proc/self/fd/{self.fd}")
+
+  def run(self, *command: str) -> str:
+    """`command` inside the namespace; its stdout (an error names the
+    command and its stderr)."""
+    done = subprocess.run(
+        ["nsenter", f"--net=/proc/{self.pid}/ns/net", *command],
+        capture_output=True, text=True, check=False)
+    if done.returncode != 0:
+      raise OSError(f"{' '.join(command)} in {self.label}'s network "
+                    f"namespace failed: {done.stderr.strip()}")
+    return done.stdout
+
+  def close(self) -> None:
+    if self.holder.poll() is None:
+      self.holder.kill()
+    self.holder.wait()
+    if self.holder.stdout is not None:
+      self.holder.stdout.close()
+    if getattr(self, "fd", -1) >= 0:
+      os.close(self.fd)
+      self.fd = -1
+
+
+class LocalHosts:
+  """`num_hosts` hosts of `tasks_per_host` TensorFlow server tasks each,
+  joined by shaped links (see the module doc); a context manager."""
+
+  def __init__(self, num_hosts: int, tasks_per_host: int, *,
+               link_rate="1gbit", cpus: Sequence[Sequence[int]] | None = None,
+               memory_limit_bytes: int | None = None, job: str = "worker",
+               subnet: str = "10.201.0", start_timeout: float = 120.0,
+               log_dir: str | None = None):
+    """Args:
+      num_hosts: hosts (>= 1).
+      tasks_per_host: server tasks on each host (>= 1); task k runs on host
+        k // tasks_per_host.
+      link_rate: each host's link rate, both directions ("1gbit",
+        "100mbit", bits per second), or None for unshaped links.
+      cpus: per task, the cores its process is pinned to (None: unpinned).
+      memory_limit_bytes: an OS cap per task (a memory cgroup), or None.
+      job: the tasks' job name.
+      subnet: the first three octets of the fabric's /24.
+      start_timeout: seconds for every task to listen.
+      log_dir: a directory for each task's log (default: discarded).
+    """
+    check_positive_int("num_hosts", num_hosts)
+    check_positive_int("tasks_per_host", tasks_per_host)
+    if num_hosts > 250:
+      raise invalid_argument("num_hosts", "at most 250 (one /24)", num_hosts)
+    self.rate_bits = link_rate_bits(link_rate)
+    if not isinstance(subnet, str) or not re.fullmatch(
+        r"(\d{1,3})\.(\d{1,3})\.(\d{1,3})", subnet) or any(
+            int(o) > 255 for o in subnet.split(".")):
+      raise invalid_argument("subnet", "three octets such as '10.201.0'",
+                             subnet)
+    if memory_limit_bytes is not None:
+      check_positive_int("memory_limit_bytes", memory_limit_bytes)
+      reason = caps.unavailable_reason()
+      if reason is not None:
+        raise PermissionError(f"Argument `memory_limit_bytes` needs memory "
+                              f"cgroups: {reason}. Received: "
+                              f"memory_limit_bytes={memory_limit_bytes}")
+    reason = unavailable_reason()
+    if reason is not None:
+      raise PermissionError(f"LocalHosts needs network namespaces, veth "
+                            f"links and traffic shaping: {reason}.")
+    self.num_hosts, self.tasks_per_host, self.job = (num_hosts,
+                                                     tasks_per_host, job)
+    self.cpus = _check_cpus(cpus, num_hosts * tasks_per_host)
+    self.memory_limit_bytes = memory_limit_bytes
+    self.addresses = [f"{subnet}.{h + 1}" for h in range(num_hosts)]
+    self.client_address = f"{subnet}.254"
+    self.spec = {job: [f"{self.addresses[k // tasks_per_host]}:"
+                       f"{BASE_PORT + k % tasks_per_host}"
+                       for k in range(num_hosts * tasks_per_host)]}
+    self._fabric: _Namespace | None = None
+    self._hosts: list[_Namespace] = []
+    self._client: _Namespace | None = None
+    self._procs: list[subprocess.Popen] = []
+    self._logs: list = []
+    self.caps: list[caps.MemoryCap] = []
+    try:
+      self._make_network()
+      self._spawn(log_dir)
+      self._wait_listening(start_timeout)
+    except BaseException:
+      self.close()
+      raise
+
+  # ------------------------------------------------------------ the network
+
+  def _make_network(self) -> None:
+    """The fabric's bridge; per host a namespace, a veth pair (eth0 inside,
+    hN on the bridge), its address and the shaping; the client's link."""
+    self._fabric = _Namespace("the fabric")
+    self._fabric.run("ip", "link", "add", "name", "br0", "type", "bridge")
+    self._fabric.run("ip", "link", "set", "br0", "up")
+    for h, address in enumerate(self.addresses):
+      host = _Namespace(f"host {h}")
+      self._hosts.append(host)
+      self._attach(host, f"h{h}", address, shaped=True)
+    self._client = _Namespace("the client")
+    self._attach(self._client, "client", self.client_address, shaped=False)
+
+  def _attach(self, ns: _Namespace, port: str, address: str, *,
+              shaped: bool) -> None:
+    fabric = self._fabric
+    fabric.run("ip", "link", "add", "name", port, "type", "veth", "peer",
+               "name", "eth0", "netns", str(ns.pid))
+    fabric.run("ip", "link", "set", port, "master", "br0")
+    fabric.run("ip", "link", "set", port, "up")
+    ns.run("ip", "link", "set", "lo", "up")
+    ns.run("ip", "addr", "add", f"{address}/24", "dev", "eth0")
+    ns.run("ip", "link", "set", "eth0", "up")
+    if shaped and self.rate_bits is not None:
+      # Both directions: the host's egress on eth0, its ingress as the
+      # fabric end's egress. A bucket of 10 ms at the rate (at least a few
+      # packets), and at most 50 ms of queue.
+      rate = f"{int(self.rate_bits)}bit"
+      burst = str(max(16_000, int(self.rate_bits / 8 / 100)))
+      for where, dev in ((ns, "eth0"), (fabric, port)):
+        where.run("tc", "qdisc", "add", "dev", dev, "root", "tbf", "rate",
+                  rate, "burst", burst, "latency", "50ms")
+
+  # -------------------------------------------------------------- the tasks
+
+  def _spawn(self, log_dir: str | None) -> None:
+    env = tensorflow_only_env(dict(
+        os.environ, TF_CPP_MIN_LOG_LEVEL="2",
+        MALLOC_MMAP_THRESHOLD_=str(128 << 10),
+        MALLOC_TRIM_THRESHOLD_=str(128 << 10)))
+    for k in range(len(self.spec[self.job])):
+      host = self._hosts[k // self.tasks_per_host]
+      log = (open(os.path.join(log_dir, f"{self.job}{k}.log"), "wb")  # pylint: disable=consider-using-with
+             if log_dir else subprocess.DEVNULL)
+      self._logs.append(log)
+      flags = [f"--netns_fd={host.fd}"]
+      if self.cpus is not None:
+        flags.append("--cpus=" + ",".join(str(c) for c in self.cpus[k]))
+      self._procs.append(subprocess.Popen(  # pylint: disable=consider-using-with
+          [sys.executable, "-m", "tfopt.runtime.server",
+           f"--cluster={json.dumps(self.spec)}", f"--job={self.job}",
+           f"--task={k}", f"--parent={os.getpid()}", *flags],
+          stdout=log, stderr=subprocess.STDOUT, env=env,
+          pass_fds=(host.fd,)))
+      if self.memory_limit_bytes is not None:
+        cap = caps.MemoryCap(f"host{k // self.tasks_per_host}-{self.job}{k}",
+                             self.memory_limit_bytes)
+        self.caps.append(cap)
+        cap.add(self._procs[-1].pid)
+
+  def _wait_listening(self, start_timeout: float) -> None:
+    deadline = time.monotonic() + start_timeout
+    waiting = list(range(len(self._procs)))
+    while waiting:
+      for k in list(waiting):
+        if self._procs[k].poll() is not None:
+          raise RuntimeError(
+              f"Server task {self.job}:{k} on host {self.host_of(k)} exited "
+              f"with code {self._procs[k].returncode} at start-up.")
+        if self.answers(k):
+          waiting.remove(k)
+      if waiting and time.monotonic() > deadline:
+        raise TimeoutError(f"Server tasks {waiting} did not listen within "
+                           f"{start_timeout} s.")
+      time.sleep(0.1)
+
+  def answers(self, task: int) -> bool:
+    """Whether task `task` accepts connections, asked from the client's
+    place on the fabric."""
+    host, _, port = self.spec[self.job][task].rpartition(":")
+    probe = ("import socket, sys\n"
+             "try:\n"
+             f"  socket.create_connection(({host!r}, {port}), timeout=0.5)\n"
+             "except OSError:\n"
+             "  sys.exit(1)\n")
+    done = subprocess.run(
+        ["nsenter", f"--net=/proc/{self._client.pid}/ns/net",
+         sys.executable, "-c", probe], capture_output=True, check=False)
+    return done.returncode == 0
+
+  # ----------------------------------------------------------------- access
+
+  def host_of(self, task: int) -> int:
+    """The host task `task` runs on."""
+    return task // self.tasks_per_host
+
+  @property
+  def device_names(self) -> list[str]:
+    """Each task's CPU device, in task order."""
+    return [f"/job:{self.job}/task:{k}/device:CPU:0"
+            for k in range(len(self.spec[self.job]))]
+
+  @property
+  def target(self) -> str:
+    """The session target of task 0 (reachable from the client's place)."""
+    return f"grpc://{self.spec[self.job][0]}"
+
+  def tf_config(self, task: int) -> str:
+    """TF_CONFIG for task `task` (as a cluster manager writes it)."""
+    if isinstance(task, bool) or not isinstance(task, int) or not (
+        0 <= task < len(self.spec[self.job])):
+      raise invalid_argument("task", f"a task index in [0, "
+                             f"{len(self.spec[self.job])})", task)
+    return json.dumps({"cluster": self.spec,
+                       "task": {"type": self.job, "index": task}})
+
+  def cluster(self, memory_bytes: int | None = None, *,
+              comm: CommModel | None = None) -> Cluster:
+    """The tasks as a tfopt Cluster (one CPU device each)."""
+    return Cluster.uniform(len(self.device_names), memory_bytes,
+                           device_type="CPU", comm=comm,
+                           names=self.device_names)
+
+  @property
+  def pids(self) -> list[int]:
+    """The tasks' process ids, in task order (empty once closed)."""
+    return [p.pid for p in self._procs]
+
+  @property
+  def namespaces(self) -> list[str]:
+    """Every namespace this object made, as /proc shows them (hosts, then
+    the fabric and the client)."""
+    made = self._hosts + [n for n in (self._fabric, self._client) if n]
+    return [n.identity for n in made if n.fd >= 0]
+
+  @property
+  def holder_pids(self) -> list[int]:
+    """The processes holding the namespaces (killed with this process)."""
+    made = self._hosts + [n for n in (self._fabric, self._client) if n]
+    return [n.pid for n in made]
+
+  def client_command(self, command: Sequence[str]) -> list[str]:
+    """`command` prefixed to run in the client's place on the fabric."""
+    return ["nsenter", f"--net=/proc/{self._client.pid}/ns/net",
+            *command]
+
+  def run_client(self, command: Sequence[str], **kwargs
+                 ) -> subprocess.CompletedProcess:
+    """subprocess.run(command) in the client's place on the fabric."""
+    return subprocess.run(self.client_command(command), check=False,
+                          **kwargs)
+
+  def entered(self):
+    """A context manager: the calling thread in the client's place on the
+    fabric (threads it starts meanwhile stay there). TensorFlow's eager
+    context is initialised first, outside."""
+    from tensorflow.python.eager import context  # pylint: disable=g-import-not-at-top
+    context.ensure_initialized()
+    return _entered(self._client.fd)
+
+  def exited(self) -> dict[str, int]:
+    """"job:task" -> exit code of every task no longer running."""
+    return {f"{self.job}:{k}": p.returncode
+            for k, p in enumerate(self._procs) if p.poll() is not None}
+
+  def close(self) -> None:
+    """Kills the tasks and the holders: the namespaces, links and bridge
+    go with them. Safe to call twice."""
+    for proc in self._procs:
+      if proc.poll() is None:
+        proc.kill()
+    for proc in self._procs:
+      proc.wait()
+    for log in self._logs:
+      if log is not subprocess.DEVNULL:
+        log.close()
+    self._procs, self._logs = [], []
+    for cap in self.caps:
+      cap.remove()
+    self.caps = []
+    for ns in self._hosts + [n for n in (self._client, self._fabric) if n]:
+      ns.close()
+
+  def __enter__(self) -> "LocalHosts":
+    return self
+
+  def __exit__(self, *exc) -> None:
+    self.close()
+
+
+@contextlib.contextmanager
+def _entered(fd: int):
+  home = os.open("/proc/thread-self/ns/net", os.O_RDONLY)
+  try:
+    netns.set_namespace(fd)
+    try:
+      yield
+    finally:
+      netns.set_namespace(home)
+  finally:
+    os.close(home)
+
+
+__all__ = ["LocalHosts", "link_rate_bits", "unavailable_reason"]
