@@ -51,10 +51,13 @@ from collections.abc import Sequence
 from tfopt._errors import check_positive_int, invalid_argument
 from tfopt._native import tensorflow_only_env
 from tfopt.cluster import Cluster
-from tfopt.cost.comm import CommModel
+from tfopt.cost.comm import CommModel, Link
 from tfopt.runtime import caps, netns
 from tfopt.runtime.processes import _check_cpus
 
+# The latency `comm()` charges between hosts: the kernel's bridge and veth
+# hops (no netem here), a gRPC round trip's order of magnitude.
+INTER_HOST_LATENCY_US = 200.0
 # Each host's tasks listen on BASE_PORT, BASE_PORT + 1, ... inside its own
 # namespace (a fresh port space: nothing else listens there).
 BASE_PORT = 2222
@@ -340,11 +343,28 @@ class LocalHosts:
     return json.dumps({"cluster": self.spec,
                        "task": {"type": self.job, "index": task}})
 
+  def comm(self, intra: Link | None = None,
+           latency_us: float = INTER_HOST_LATENCY_US) -> CommModel:
+    """The two levels as a CommModel: between tasks of one host `intra`
+    (default: the default Link, a fast local hand-over), between hosts a
+    link of `link_rate` (its bytes over the rate, plus `latency_us`);
+    unshaped links are `intra` everywhere."""
+    intra = intra if intra is not None else Link()
+    if self.rate_bits is None:
+      return CommModel(intra)
+    inter = Link(latency_us, self.rate_bits / 8 / 1e9)
+    tasks = range(len(self.spec[self.job]))
+    return CommModel(intra, pairs={
+        (a, b): inter for a in tasks for b in tasks
+        if self.host_of(a) != self.host_of(b)})
+
   def cluster(self, memory_bytes: int | None = None, *,
               comm: CommModel | None = None) -> Cluster:
-    """The tasks as a tfopt Cluster (one CPU device each)."""
+    """The tasks as a tfopt Cluster (one CPU device each), by default with
+    the two-level `comm()`."""
     return Cluster.uniform(len(self.device_names), memory_bytes,
-                           device_type="CPU", comm=comm,
+                           device_type="CPU",
+                           comm=comm if comm is not None else self.comm(),
                            names=self.device_names)
 
   @property
