@@ -55,12 +55,15 @@ def test_a_placed_steps_ops_are_read_back_where_they_ran():
   schedule = simulate(graph, placement, table_costs, cluster)
   # Each device's busy time against the profile of the ops it ran (one
   # device, one op at a time): 0.49-0.95 of it over 15 runs here (busy
-  # 0.09-0.28 ms a device; the two logical devices share two cores).
+  # 0.09-0.28 ms a device; the two logical devices share two cores), and
+  # 2.02 once in CI's serial pass: the profile taken in a fast phase of
+  # this VM's ~1.7x speed jumps, the timeline in a slow one. The band keeps
+  # what breaks it on purpose (zero-length intervals: 0).
   busy = measured.busy_us(2)
   profiled = [sum(table_costs[n].compute_us for n in ran if ran[n] == d)
               for d in range(2)]
   for d in range(2):
-    assert 0.25 < busy[d] / profiled[d] < 2.0, (d, busy, profiled)
+    assert 0.25 < busy[d] / profiled[d] < 3.0, (d, busy, profiled)
   # The step's wall time against the simulated makespan: 0.13-0.52 of it
   # over 15 runs (1.0-1.7 ms for 2.8-9.0 ms): the uncalibrated cluster
   # charges each of the 50-70 hand-overs Baechi's link latency (134 us),
