@@ -88,6 +88,21 @@ def set_namespace(fd: int) -> None:
   _check(_libc().setns(fd, CLONE_NEWNET), "setns(CLONE_NEWNET)")
 
 
+@contextlib.contextmanager
+def entered(fd: int):
+  """The calling thread inside the network namespace `fd` refers to for the
+  block (threads it starts meanwhile stay there); back afterwards."""
+  home = os.open("/proc/thread-self/ns/net", os.O_RDONLY)
+  try:
+    set_namespace(fd)
+    try:
+      yield
+    finally:
+      set_namespace(home)
+  finally:
+    os.close(home)
+
+
 def enter_fd(fd: int) -> None:
   """Moves the calling thread into the network namespace `fd` refers to
   and closes it: what a task started inside the job's namespace (given
@@ -195,15 +210,8 @@ class JobNamespace:
   def entered(self):
     """The calling thread inside the namespace for the block (threads it
     starts meanwhile stay there); back where it was afterwards."""
-    home = os.open("/proc/thread-self/ns/net", os.O_RDONLY)
-    try:
-      set_namespace(self.fd)
-      try:
-        yield self
-      finally:
-        set_namespace(home)
-    finally:
-      os.close(home)
+    with entered(self.fd):
+      yield self
 
   def run_inside(self, fn, *args):
     """fn(*args) on a short-lived thread inside the namespace."""

@@ -75,6 +75,18 @@ def _check_cpus(cpus, num_tasks: int) -> list[list[int]] | None:
   return out
 
 
+def stop_tasks(procs, logs) -> None:
+  """Kills server task processes, waits for them and closes their logs."""
+  for proc in procs:
+    if proc.poll() is None:
+      proc.kill()
+  for proc in procs:
+    proc.wait()
+  for log in logs:
+    if log is not subprocess.DEVNULL:
+      log.close()
+
+
 class LoopbackServers:
   """Starts server processes on loopback; a context manager that stops them.
 
@@ -303,14 +315,7 @@ class LoopbackServers:
             if proc.poll() is not None}
 
   def close(self) -> None:
-    for proc in self._procs:
-      if proc.poll() is None:
-        proc.kill()
-    for proc in self._procs:
-      proc.wait()
-    for log in self._logs:
-      if log is not subprocess.DEVNULL:
-        log.close()
+    stop_tasks(self._procs, self._logs)
     self._procs = []
     if self.namespace is not None:
       self.namespace.release_ports(self.ports)

@@ -38,7 +38,6 @@ constructor raises PermissionError with it.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import re
@@ -53,7 +52,7 @@ from tfopt._native import tensorflow_only_env
 from tfopt.cluster import Cluster
 from tfopt.cost.comm import CommModel, Link
 from tfopt.runtime import caps, netns
-from tfopt.runtime.processes import _check_cpus
+from tfopt.runtime.processes import _check_cpus, stop_tasks
 
 # The latency `comm()` charges between hosts: the kernel's bridge and veth
 # hops (no netem here), a gRPC round trip's order of magnitude.
@@ -402,7 +401,7 @@ class LocalHosts:
     context is initialised first, outside."""
     from tensorflow.python.eager import context  # pylint: disable=g-import-not-at-top
     context.ensure_initialized()
-    return _entered(self._client.fd)
+    return netns.entered(self._client.fd)
 
   def exited(self) -> dict[str, int]:
     """"job:task" -> exit code of every task no longer running."""
@@ -412,14 +411,7 @@ class LocalHosts:
   def close(self) -> None:
     """Kills the tasks and the holders: the namespaces, links and bridge
     go with them. Safe to call twice."""
-    for proc in self._procs:
-      if proc.poll() is None:
-        proc.kill()
-    for proc in self._procs:
-      proc.wait()
-    for log in self._logs:
-      if log is not subprocess.DEVNULL:
-        log.close()
+    stop_tasks(self._procs, self._logs)
     self._procs, self._logs = [], []
     for cap in self.caps:
       cap.remove()
@@ -432,19 +424,6 @@ class LocalHosts:
 
   def __exit__(self, *exc) -> None:
     self.close()
-
-
-@contextlib.contextmanager
-def _entered(fd: int):
-  home = os.open("/proc/thread-self/ns/net", os.O_RDONLY)
-  try:
-    netns.set_namespace(fd)
-    try:
-      yield
-    finally:
-      netns.set_namespace(home)
-  finally:
-    os.close(home)
 
 
 __all__ = ["LocalHosts", "link_rate_bits", "unavailable_reason"]
