@@ -116,3 +116,35 @@ def test_hook_arguments_are_checked_at_compile(tmp_path):
   with pytest.raises(ValueError, match="Argument `calibration`"):
     tfopt.compile(model, optimizer="adam", loss=loss, placement="auto",
                   devices=cpu, calibration=3)
+
+
+def test_a_calibration_across_hosts_charges_each_pair_by_its_link(tmp_path):
+  inside, between = Link(600.0, 1.0, overhead_us=50.0), Link(200.0, 0.0125)
+  made = _calibration(kind="processes", link=inside, host_link=between,
+                      hosts_share_cores=False, capacity=1.2)
+  made.save(tmp_path / "c.json")
+  loaded = cal.load_calibration(tmp_path / "c.json")
+  assert loaded == made and loaded.host_link == between
+  assert "between hosts 200 us" in loaded.describe()
+  names = [f"/job:worker/task:{k}/device:CPU:0" for k in range(4)]
+  hosts = ["10.0.0.1", "10.0.0.1", "10.0.0.2", "10.0.0.2"]
+  cluster = loaded.applied_to(tfopt.Cluster.uniform(4, names=names), hosts)
+  comm = cluster.comm
+  assert comm.link(0, 1) == inside and comm.link(3, 2) == inside
+  # 100 kB between hosts: 200 us + 8 ms on the wire, holding the channels
+  # all that time; the cores process the bytes at the rate inside a host.
+  for a, b in ((0, 2), (2, 0), (1, 3)):
+    assert comm.transfer_us(100_000, a, b) == pytest.approx(200.0 + 8000.0)
+    assert comm.link(a, b).cpu_us(100_000) == pytest.approx(200.0 + 100.0)
+  # Hosts on cores of their own: a sharing group per host.
+  assert cluster.sharing.groups == (0, 0, 1, 1)
+  shared = dataclasses.replace(made, hosts_share_cores=True)
+  assert shared.sharing(4, hosts).groups == (0, 0, 0, 0)
+  # Without hosts, or without a host link: one level.
+  assert made.comm().pairs == {} and _calibration().comm(hosts).pairs == {}
+  with pytest.raises(ValueError, match="`hosts`"):
+    made.applied_to(tfopt.Cluster.uniform(4, names=names), hosts[:3])
+  # Files of the one-level format read as one level.
+  doc = made.to_json()
+  del doc["host_link"], doc["hosts_share_cores"]
+  assert cal.from_json(doc).host_link is None

@@ -44,3 +44,16 @@ def test_pins_to_a_device_not_given():
   with pytest.raises(ValueError, match=r"Argument `pins\['dense'\]` must be "
                      r"a device index in \[0, 1\)"):
     check_placement_devices(["/device:CPU:0"], None, {"dense": 1})
+
+
+def test_the_host_of_each_task_and_this_process_address_toward_them():
+  from tfopt.runtime import remote
+  spec = {"worker": ["10.0.0.1:2222", "10.0.0.1:2223", "10.0.0.2:2222"]}
+  devices = [f"/job:worker/task:{k}/device:CPU:0" for k in (2, 0, 1)]
+  assert remote.task_hosts(spec, devices + ["/device:CPU:0"]) == [
+      "10.0.0.2", "10.0.0.1", "10.0.0.1", "localhost"]
+  # Tasks on this machine's loopback reach this process at "localhost":
+  # nothing to advertise.
+  assert remote.client_address({"worker": ["127.0.0.1:2222"]}) is None
+  with pytest.raises(ValueError, match="devices"):
+    remote.task_hosts(spec, ["/job:worker/task:3/device:CPU:0"])

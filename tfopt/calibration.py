@@ -85,6 +85,12 @@ class Calibration:
       (pinned: 1), for profiling; None where they share.
     intra_op_threads, inter_op_threads: the devices' thread pools as
       measured (None: TensorFlow's defaults).
+    host_link: the link between tasks of different hosts, where the
+      devices measured were tasks on several hosts (`link` is then the
+      link inside one host); None: one level.
+    hosts_share_cores: tasks of different hosts compute on the same cores
+      (hosts of `tfopt.scale.hosts.LocalHosts`, all on this machine) rather
+      than each host on cores of its own.
     machine, tensorflow, created: where, with what and when (UTC ISO).
     fit: the measurements' residuals and raw numbers, for the report.
     path: the file it was loaded from (not saved).
@@ -99,6 +105,8 @@ class Calibration:
   cores_per_device: int | None = None
   intra_op_threads: int | None = None
   inter_op_threads: int | None = None
+  host_link: Link | None = None
+  hosts_share_cores: bool = True
   machine: dict = dataclasses.field(default_factory=machine_fingerprint)
   tensorflow: str = dataclasses.field(default_factory=_tensorflow_version)
   created: str = dataclasses.field(default_factory=lambda: (
@@ -117,14 +125,28 @@ class Calibration:
 
   # -- What it means for a cluster --
 
-  def comm(self) -> CommModel:
+  def comm(self, hosts: Sequence[str] | None = None) -> CommModel:
+    """The link between any two devices; with `hosts` (per device, the
+    host it runs on) and a `host_link`, pairs on different hosts cross
+    that link instead."""
     # Logical CPUs of one process hand tensors over without a copy; server
     # tasks copy through gRPC, whose work runs on the tasks' own cores.
-    return CommModel(self.link, control_messages=self.control_messages,
+    pairs = {}
+    if hosts is not None and self.host_link is not None:
+      # The wire between hosts is slower than the cores: they process the
+      # bytes at the rate measured inside a host.
+      between = dataclasses.replace(
+          self.host_link, cpu_bandwidth_gbps=max(
+              self.host_link.bandwidth_gbps, self.link.bandwidth_gbps))
+      pairs = {(a, b): between for a in range(len(hosts))
+               for b in range(len(hosts)) if hosts[a] != hosts[b]}
+    return CommModel(self.link, pairs=pairs,
+                     control_messages=self.control_messages,
                      shared_buffers=self.kind == "logical",
                      cpu_work=self.kind != "logical")
 
-  def sharing(self, num_devices: int) -> ComputeSharing:
+  def sharing(self, num_devices: int,
+              hosts: Sequence[str] | None = None) -> ComputeSharing:
     """Which of `num_devices` devices of this kind share cores, and the
     executor pools they draw on (`ComputeSharing.threads`): logical CPUs
     of one process share their session's inter-op pool (TensorFlow's
@@ -139,6 +161,11 @@ class Calibration:
                  or machine_fingerprint()["cores"])
     elif self.kind == "pinned":
       threads = self.inter_op_threads or 1
+    if self.shared and hosts is not None and not self.hosts_share_cores:
+      # Each host's tasks share that host's cores.
+      ids = {h: i for i, h in enumerate(dict.fromkeys(hosts))}
+      return ComputeSharing(tuple(ids[h] for h in hosts), self.capacity,
+                            threads)
     if self.shared:
       return ComputeSharing.shared(num_devices, self.capacity, threads)
     return ComputeSharing.alone(num_devices, threads)
@@ -152,12 +179,17 @@ class Calibration:
                                 self.op_overhead_us) for n in names),
                    self.comm(), self.sharing(len(names)))
 
-  def applied_to(self, cluster: Cluster) -> Cluster:
+  def applied_to(self, cluster: Cluster,
+                 hosts: Sequence[str] | None = None) -> Cluster:
     """`cluster`'s devices (names, types, caps) with the fitted link, core
-    sharing and per-op overhead."""
+    sharing and per-op overhead; `hosts` (per device, its host) applies
+    the two levels of a calibration across hosts."""
+    if hosts is not None and len(hosts) != len(cluster):
+      raise invalid_argument("hosts", f"one host per device ({len(cluster)})",
+                             hosts)
     return Cluster(tuple(dataclasses.replace(
         d, op_overhead_us=self.op_overhead_us) for d in cluster.devices),
-                   self.comm(), self.sharing(len(cluster)))
+                   self.comm(hosts), self.sharing(len(cluster), hosts))
 
   # -- Age and provenance --
 
@@ -185,11 +217,17 @@ class Calibration:
                    f"{'process' if self.shared else 'device'}" if pool
                    else "")
     age = self.age_days()
+    if self.host_link is not None:
+      line_between = (f"; between hosts {self.host_link.latency_us:.0f} us, "
+                      f"{self.host_link.bandwidth_gbps:.3g} GB/s")
+    else:
+      line_between = ""
     line = (f"calibrated {self.kind} x{self.num_devices} ({where}, "
             f"{self.created[:10]}, {_age(age)} old): latency {self.link.latency_us:.0f} us, "
             f"{self.link.bandwidth_gbps:.3g} GB/s, overhead {overhead}, "
             f"control edges {'are messages' if self.control_messages else 'free'}"
             f"{', copies work both ends' if self.kind != 'logical' else ''}"
+            f"{line_between}"
             f"; {sharing}; {self.op_overhead_us:.1f} us per op")
     if age > STALE_AFTER_DAYS:
       line += (f"; STALE: {age:.0f} days old (over {STALE_AFTER_DAYS}), "
@@ -201,15 +239,16 @@ class Calibration:
   def to_json(self) -> dict[str, Any]:
     return {"format": FORMAT, "kind": self.kind,
             "num_devices": self.num_devices,
-            "link": {"latency_us": self.link.latency_us,
-                     "bandwidth_gbps": self.link.bandwidth_gbps,
-                     "overhead_us": self.link.overhead_us},
+            "link": _link_json(self.link),
             "control_messages": self.control_messages,
             "capacity": self.capacity, "shared": self.shared,
             "op_overhead_us": self.op_overhead_us,
             "cores_per_device": self.cores_per_device,
             "intra_op_threads": self.intra_op_threads,
             "inter_op_threads": self.inter_op_threads,
+            "host_link": None if self.host_link is None else _link_json(
+                self.host_link),
+            "hosts_share_cores": self.hosts_share_cores,
             "machine": self.machine, "tensorflow": self.tensorflow,
             "created": self.created, "fit": self.fit}
 
@@ -218,6 +257,16 @@ class Calibration:
     from tfopt._io import atomic_write_text  # pylint: disable=g-import-not-at-top
     atomic_write_text(path, json.dumps(self.to_json(), indent=1) + "\n",
                       overwrite=overwrite)
+
+
+def _link_json(link: Link) -> dict[str, Any]:
+  return {"latency_us": link.latency_us,
+          "bandwidth_gbps": link.bandwidth_gbps,
+          "overhead_us": link.overhead_us}
+
+
+def _link_from(doc: dict) -> Link:
+  return Link(doc["latency_us"], doc["bandwidth_gbps"], doc.get("overhead_us"))
 
 
 def from_json(doc: Any, *, path: str | None = None) -> Calibration:
@@ -229,11 +278,12 @@ def from_json(doc: Any, *, path: str | None = None) -> Calibration:
     raise CalibrationError(f"{where} is not in the {FORMAT} format (format: "
                            f"{found!r}).")
   try:
-    link = doc["link"]
+    host_link = doc.get("host_link")
     return Calibration(
         kind=doc["kind"], num_devices=doc["num_devices"],
-        link=Link(link["latency_us"], link["bandwidth_gbps"],
-                  link.get("overhead_us")),
+        link=_link_from(doc["link"]),
+        host_link=None if host_link is None else _link_from(host_link),
+        hosts_share_cores=bool(doc.get("hosts_share_cores", True)),
         control_messages=bool(doc["control_messages"]),
         capacity=doc["capacity"], shared=bool(doc["shared"]),
         op_overhead_us=float(doc["op_overhead_us"]),

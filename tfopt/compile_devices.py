@@ -70,15 +70,18 @@ class PlacementDevices:
     """The devices as a tfopt Cluster: each device's type from its string
     (a placer keeps CPU-only ops off GPUs), the cap on each, CPU devices of
     this process sharing buffers, and the calibration's link and core
-    sharing where one is given."""
+    sharing where one is given (a calibration across hosts: its two
+    links, by the host each task's address names)."""
     from tfopt.cluster import Cluster, Device  # pylint: disable=g-import-not-at-top
     from tfopt.cost.comm import CommModel  # pylint: disable=g-import-not-at-top
-    from tfopt.runtime.remote import device_type  # pylint: disable=g-import-not-at-top
+    from tfopt.runtime.remote import device_type, task_hosts  # pylint: disable=g-import-not-at-top
     devices = tuple(Device(d, device_type(d), memory_per_device)
                     for d in self.names)
     cluster = Cluster(devices, CommModel(shared_buffers=self.in_process_cpus))
-    return (calibration.applied_to(cluster) if calibration is not None
-            else cluster)
+    if calibration is None:
+      return cluster
+    hosts = task_hosts(self.spec, self.names) if self.remote else None
+    return calibration.applied_to(cluster, hosts)
 
 
 def check_placement_devices(devices, cluster, pins) -> PlacementDevices:

@@ -70,6 +70,16 @@ def test_calibrate_command_on_logical_devices(tmp_path):
        f"--out={tmp_path / 'x.json'}"], capture_output=True, text=True,
       timeout=300, check=False)
   assert bad.returncode != 0 and "--devices must be KIND:N" in bad.stderr
+  for flags, says in (
+      (["--cluster={\"worker\": [\"10.9.9.9:1\"]}", "--devices=logical:2"],
+       "not both"),
+      (["--cluster=not json"], "--cluster: Argument `cluster`"),
+      (["--cluster={\"worker\": [\"10.9.9.9:1\"]}"], "at least two tasks")):
+    bad = subprocess.run(
+        [sys.executable, "-m", "tfopt.cli.calibrate", *flags,
+         f"--out={tmp_path / 'x.json'}"], capture_output=True, text=True,
+        timeout=300, check=False)
+    assert bad.returncode != 0 and says in bad.stderr, (flags, bad.stderr)
 
 
 @pytest.mark.serial

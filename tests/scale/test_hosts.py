@@ -11,6 +11,7 @@ import subprocess
 import sys
 import time
 
+import numpy as np
 import pytest
 
 from tfopt import OpCost
@@ -181,3 +182,41 @@ def test_without_namespaces_the_error_says_what_is_missing(monkeypatch):
   with pytest.raises(PermissionError, match=r"LocalHosts needs network "
                      r"namespaces.*CAP_SYS_ADMIN \(root\)"):
     LocalHosts(2, 1)
+
+
+@needs_hosts
+@pytest.mark.slow
+def test_a_model_placed_across_two_hosts_trains_as_keras(tmp_path):
+  """tfopt-calibrate measures both levels of the hosts' links; a model
+  whose state does not fit one host's tasks trains across both hosts with
+  plain Keras' losses (the client's own server, which the tasks call back
+  for its tensors, at its fabric address, not "localhost")."""
+  calibration = tmp_path / "hosts.json"
+  with LocalHosts(2, 2, link_rate="1gbit") as hosts:
+    done = hosts.run_client(
+        [sys.executable, "-m", "tfopt.cli.calibrate",
+         f"--cluster={json.dumps(hosts.spec)}", f"--out={calibration}",
+         "--repeats=2"], capture_output=True, text=True, cwd=ROOT,
+        timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    # 6 MB a task: one host's two hold less than the step's 13 MB live at
+    # once.
+    done = hosts.run_client(
+        [sys.executable, "-m", "tests._hosts_placed_script",
+         json.dumps(hosts.spec), json.dumps(hosts.device_names), "6000000",
+         str(calibration)], capture_output=True, text=True, cwd=ROOT,
+        timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+  out = json.loads(done.stdout.strip().splitlines()[-1])
+  made = json.loads(calibration.read_text())
+  between, inside = made["host_link"], made["link"]
+  # 1 Gbit/s is 0.125 GB/s; gRPC between two tasks of one host is several
+  # times faster.
+  assert 0.06 < between["bandwidth_gbps"] < 0.19, between
+  assert inside["bandwidth_gbps"] > 2.5 * between["bandwidth_gbps"], made
+  assert made["hosts_share_cores"]  # all on this machine's cores
+  assert "between hosts" in out["cluster"]
+  np.testing.assert_allclose(out["placed"], out["plain"], rtol=1e-5)
+  hosts_used = {hosts.host_of(int(d.split("task:")[1].split("/")[0]))
+                for d in out["devices"]}
+  assert hosts_used == {0, 1}, out["devices"]

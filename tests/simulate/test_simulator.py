@@ -3,6 +3,7 @@
 import pytest
 
 from tfopt import Cluster, CommModel, ComputeSharing, CostModel, OpCost
+from tfopt.cost import Link
 from tfopt.graph import Edge, Op, OpGraph
 from tfopt.placement.placement import Placement
 from tfopt.simulate.simulator import simulate
@@ -248,6 +249,29 @@ def test_a_transfer_s_work_shares_the_cores_at_both_ends():
       10.0, 1.0, overhead_us=8.0)))
   assert free.transfers[0].end_us == 15.0
   assert (free.end_us["c"], free.start_us["b"]) == (30.0, 30.0)
+
+
+def test_a_slow_wire_holds_the_channels_not_the_cores():
+  # As above, but 1000 B cross a wire of 0.01 GB/s (100 us) while the cores
+  # process them at 1 GB/s: the copy arrives at 4 + 10 + 100 = 114; each
+  # side's work is 8 + 1 = 9 us (d1 shares it with c: done at 22, c ends at
+  # 39), so the link, not the cores, decides when b starts.
+  g = OpGraph([Op("a", "X", (1000,)), Op("b", "X", (0,)),
+               Op("c", "X", (0,))], [Edge("a", "b", 0, 0, 1000)])
+  p = _place({"a": 0, "b": 1, "c": 1}, 2)
+  costs = {"a": 4.0, "b": 1.0, "c": 30.0}
+  wire = CommModel(Link(10.0, 0.01, 8.0, cpu_bandwidth_gbps=1.0),
+                   cpu_work=True)
+  s = simulate(g, p, costs, Cluster.uniform(2, comm=wire))
+  (copy,) = s.transfers
+  assert (copy.start_us, copy.end_us) == (4.0, pytest.approx(114.0))
+  assert s.end_us["c"] == pytest.approx(39.0)
+  assert s.start_us["b"] == pytest.approx(114.0)
+  # Without the cores' own rate the wire's 108 us are the cores' work too:
+  # c, sharing d1 with it, ends later.
+  slow = simulate(g, p, costs, Cluster.uniform(2, comm=CommModel(
+      Link(10.0, 0.01, 8.0), cpu_work=True)))
+  assert slow.end_us["c"] > 50.0
 
 
 def test_overhead_lets_transfers_overlap():

@@ -19,6 +19,15 @@ Expected on the command above (2-core VM, about 10 s): a hand-over of about
 a capacity of 1.1-1.7. `--devices=processes:2`: about 500-800 us + bytes /
 ~1 GB/s, 20-60 us of overhead (transfers overlap), capacity 1.1-1.4.
 `--devices=pinned:2`: a similar link, each task on its own core.
+
+`--cluster=SPEC` (a {job: ["host:port", ...]} JSON, or TF_CONFIG for the
+environment variable) measures the running server tasks of a cluster
+instead: on tasks of several hosts (`tfopt.scale.hosts.LocalHosts`, or a
+real cluster) two links, one inside a host and one between hosts, and
+whether different hosts' tasks share cores; `tfopt.compile` charges each
+transfer by the link it crosses. Run it where the tasks are reachable
+(for LocalHosts: `hosts.run_client([...])`). `--pinned`: the tasks are
+pinned to a core each.
 """
 
 from __future__ import annotations
@@ -37,6 +46,11 @@ FLAGS = flags.FLAGS
 define_config_flag()
 flags.DEFINE_string("devices", "logical:2", "KIND:N with KIND logical, "
                     "processes or pinned, N >= 2.")
+flags.DEFINE_string("cluster", None, "Measure the running tasks of this "
+                    "cluster (JSON spec, or TF_CONFIG) instead of starting "
+                    "--devices.")
+flags.DEFINE_bool("pinned", False, "With --cluster: its tasks are pinned to "
+                  "a core each.")
 flags.DEFINE_integer("repeats", 5, "Timed runs per measurement (median).")
 flags.DEFINE_string("out", "calibration.json", "The calibration file.")
 flags.DEFINE_bool("overwrite", False, "Replace --out if it exists.")
@@ -58,6 +72,9 @@ def main(argv):
   del argv
   apply_config()
   kind, count = parse_devices(FLAGS.devices)
+  if FLAGS.cluster and FLAGS["devices"].present:
+    raise app.UsageError("Pass --devices or --cluster, not both: --cluster "
+                         "measures the cluster's running tasks.")
   if FLAGS.repeats <= 0:
     raise app.UsageError(f"--repeats must be positive. Received: "
                          f"{FLAGS.repeats}")
@@ -70,7 +87,9 @@ def main(argv):
     raise app.UsageError(f"--devices={FLAGS.devices}: pinned tasks need a "
                          f"core each; this process may use "
                          f"{len(os.sched_getaffinity(0))}.")
-  calibration = fit_cluster(kind, count, repeats=FLAGS.repeats)
+  calibration = (_fit_running(FLAGS.cluster, FLAGS.pinned, FLAGS.repeats)
+                 if FLAGS.cluster else
+                 fit_cluster(kind, count, repeats=FLAGS.repeats))
   calibration.save(FLAGS.out, overwrite=FLAGS.overwrite)
   if FLAGS.json:
     print(json.dumps(calibration.to_json(), indent=1))
@@ -88,7 +107,37 @@ def main(argv):
         f" -> capacity {fit['capacity_measured']:.2f}"
         + ("" if calibration.shared else " (each pinned task has a core of "
            "its own: capacity 1 per task)"))
+  between = fit.get("between_hosts")
+  if between:
+    print(f"between hosts: {between.get('link', 'the link above')}; MatMul "
+          f"chains on two hosts at once -> capacity "
+          f"{between['capacity_measured']:.2f} ("
+          f"{'sharing' if calibration.hosts_share_cores else 'own'} cores)")
   print(f"wrote {FLAGS.out}")
+
+
+def _fit_running(cluster: str, pinned: bool, repeats: int):
+  """The calibration of a running cluster's tasks (two levels where they
+  are on several hosts)."""
+  from tfopt.runtime import remote  # pylint: disable=g-import-not-at-top
+  from tfopt.runtime.calibrate import calibrate_devices, calibrate_hosts  # pylint: disable=g-import-not-at-top
+  try:
+    spec = remote.parse_cluster(None if cluster == "TF_CONFIG" else cluster)
+  except ValueError as err:
+    raise app.UsageError(f"--cluster: {err}") from None
+  names = [f"/job:{job}/task:{i}/device:CPU:0"
+           for job, addrs in spec.items() for i in range(len(addrs))]
+  if len(names) < 2:
+    raise app.UsageError(f"--cluster must have at least two tasks. "
+                         f"Received: {cluster}")
+  target = remote.session_target(spec, names[0])
+  hosts = remote.task_hosts(spec, names)
+  kind = "pinned" if pinned else "processes"
+  if len(set(hosts)) > 1:
+    return calibrate_hosts(names, hosts, target=target, kind=kind,
+                           repeats=repeats, progress=True)
+  return calibrate_devices(kind, names, target=target, repeats=repeats,
+                           progress=True)
 
 
 def run() -> None:

@@ -41,12 +41,20 @@ class Link:
   `overhead_us` (<= latency) is what each transfer occupies the channels
   for beyond its bytes; None: the whole latency (see module doc).
 
+  `cpu_bandwidth_gbps`: how fast the two ends' cores process the bytes
+  where transfers are CPU work (`CommModel.cpu_work`); None: at
+  `bandwidth_gbps`, as between tasks of one host, where gRPC's copies are
+  the link. A network slower than that (a link between hosts) holds the
+  channels for its bytes on the wire, while the cores are busy only for
+  the overhead plus the bytes at this rate (`cpu_us`).
+
   >>> Link(100.0, 1.0, overhead_us=10.0).channel_us(1000)  # 10 + 1 us
   11.0
   """
   latency_us: float = PCIE_LATENCY_US
   bandwidth_gbps: float = PCIE_BANDWIDTH_GBPS
   overhead_us: float | None = None
+  cpu_bandwidth_gbps: float | None = None
 
   def __post_init__(self):
     check_non_negative("latency_us", self.latency_us)
@@ -59,6 +67,12 @@ class Link:
       if self.overhead_us > self.latency_us:
         raise invalid_argument("overhead_us", f"at most latency_us "
                                f"({self.latency_us})", self.overhead_us)
+    if self.cpu_bandwidth_gbps is not None and (
+        isinstance(self.cpu_bandwidth_gbps, bool) or
+        not isinstance(self.cpu_bandwidth_gbps, (int, float)) or
+        not self.cpu_bandwidth_gbps > 0):
+      raise invalid_argument("cpu_bandwidth_gbps", "a number > 0 or None",
+                             self.cpu_bandwidth_gbps)
 
   def transfer_us(self, nbytes: int) -> float:
     """Microseconds from a transfer's start until `nbytes` arrived; 0
@@ -79,6 +93,20 @@ class Link:
     overhead = self.latency_us if self.overhead_us is None else \
         self.overhead_us
     return overhead + max(0, nbytes) / (self.bandwidth_gbps * 1e3)
+
+  def cpu_us(self, nbytes: int) -> float:
+    """The work a transfer of `nbytes` gives each end's cores where
+    transfers are CPU work: `channel_us`, with the bytes at
+    `cpu_bandwidth_gbps` where one is given.
+
+    >>> Link(100.0, 0.01, 10.0, cpu_bandwidth_gbps=1.0).cpu_us(1000)
+    11.0
+    """
+    if self.cpu_bandwidth_gbps is None:
+      return self.channel_us(nbytes)
+    overhead = self.latency_us if self.overhead_us is None else \
+        self.overhead_us
+    return overhead + max(0, nbytes) / (self.cpu_bandwidth_gbps * 1e3)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -33,6 +33,7 @@ threads), measures, and returns a `tfopt.calibration.Calibration`:
 
 from __future__ import annotations
 
+import dataclasses
 import statistics
 import time
 from typing import Sequence
@@ -247,22 +248,10 @@ def calibrate_devices(kind: str, names: Sequence[str], *, target: str = "",
   if progress:
     import keras  # pylint: disable=g-import-not-at-top
     bar = keras.utils.Progbar(3, unit_name="measurement")
-  pair = {"src_device": names[1], "dst_device": names[0], "target": target,
-          "config": config}
-  link, link_fit = fit_link(
-      measure_transfer_times(sizes, repeats=repeats, **pair),
-      shared_memory=kind == "logical")
-  if bar:
-    bar.update(1)
-  batches = measure_concurrent_transfers(counts, repeats=max(repeats, 7),
-                                         **pair)
-  positive = [(n, t) for n, t in batches if t > 0]
-  if len({n for n, _ in positive}) >= 2:
-    overhead, overhead_rms = fit_overhead([n for n, _ in positive],
-                                          [t for _, t in positive], link)
-  else:  # nothing measurable above noise: transfers overlap completely
-    overhead, overhead_rms = 0.0, None
-  link = Link(link.latency_us, link.bandwidth_gbps, overhead)
+  link, link_fit = measure_link(names[1], names[0], target=target,
+                                config=config, sizes=sizes, counts=counts,
+                                repeats=repeats,
+                                shared_memory=kind == "logical")
   if bar:
     bar.update(2)
   alone, together = measure_sharing(names, target=target, config=config,
@@ -278,6 +267,83 @@ def calibrate_devices(kind: str, names: Sequence[str], *, target: str = "",
       capacity=1.0 if pinned else capacity, shared=not pinned,
       op_overhead_us=op_overhead, cores_per_device=1 if pinned else None,
       intra_op_threads=threads[0], inter_op_threads=threads[1],
-      fit={**link_fit, "batches": batches, "overhead_relative_rms":
-           overhead_rms, "chain_alone_us": alone,
+      fit={**link_fit, "chain_alone_us": alone,
            "chains_together_us": together, "capacity_measured": capacity})
+
+
+def measure_link(src: str, dst: str, *, target: str = "",
+                 config: tf.compat.v1.ConfigProto | None = None,
+                 sizes: Sequence[int] = DEFAULT_SIZES,
+                 counts: Sequence[int] = (1, 2, 4, 8, 16), repeats: int = 5,
+                 shared_memory: bool = False) -> tuple[Link, dict]:
+  """The link `src` -> `dst` (steps 1 and 2 of the module doc): copies of
+  each size fitted to latency + bytes / bandwidth, then batches of small
+  copies for the overhead that holds the channels; the fit's numbers."""
+  pair = {"src_device": src, "dst_device": dst, "target": target,
+          "config": config}
+  link, link_fit = fit_link(
+      measure_transfer_times(sizes, repeats=repeats, **pair),
+      shared_memory=shared_memory)
+  batches = measure_concurrent_transfers(counts, repeats=max(repeats, 7),
+                                         **pair)
+  positive = [(n, t) for n, t in batches if t > 0]
+  if len({n for n, _ in positive}) >= 2:
+    overhead, overhead_rms = fit_overhead([n for n, _ in positive],
+                                          [t for _, t in positive], link)
+  else:  # nothing measurable above noise: transfers overlap completely
+    overhead, overhead_rms = 0.0, None
+  return (Link(link.latency_us, link.bandwidth_gbps, overhead),
+          {**link_fit, "batches": batches,
+           "overhead_relative_rms": overhead_rms})
+
+
+# Two tasks on different hosts whose MatMul chains run side by side at
+# this capacity or more compute on cores of their own (2: fully apart).
+APART_CAPACITY = 1.8
+
+
+def calibrate_hosts(names: Sequence[str], hosts: Sequence[str], *,
+                    target: str, kind: str = "processes",
+                    sizes: Sequence[int] = DEFAULT_SIZES,
+                    counts: Sequence[int] = (1, 2, 4, 8, 16),
+                    repeats: int = 5, progress: bool = False) -> Calibration:
+  """A two-level calibration of server tasks `names` on `hosts` (per task,
+  its host; at least two hosts): `calibrate_devices` between two tasks of
+  one host (where a host has two; else between hosts), the link between
+  two tasks of different hosts as `host_link`, and whether different
+  hosts' tasks share cores (their MatMul chains side by side)."""
+  if kind not in ("processes", "pinned"):
+    raise invalid_argument("kind", "'processes' or 'pinned' (server tasks)",
+                           kind)
+  names, hosts = list(names), list(hosts)
+  if len(hosts) != len(names):
+    raise invalid_argument("hosts", f"one host per task ({len(names)})",
+                           hosts)
+  if len(set(hosts)) < 2:
+    raise invalid_argument("hosts", "tasks on at least two hosts", hosts)
+  across = next((a, b) for a in range(len(names)) for b in range(len(names))
+                if hosts[a] != hosts[b])
+  inside = next(((a, b) for a in range(len(names))
+                 for b in range(a + 1, len(names)) if hosts[a] == hosts[b]),
+                across)
+  threads = ((PINNED_INTRA_OP_THREADS, PINNED_INTER_OP_THREADS)
+             if kind == "pinned" else (None, None))
+  one_host = calibrate_devices(
+      kind, [names[i] for i in inside], target=target, sizes=sizes,
+      counts=counts, repeats=repeats, threads=threads, progress=progress)
+  if inside == across:  # one task per host: that was the link between
+    host_link, host_fit = one_host.link, {}
+  else:
+    host_link, host_fit = measure_link(names[across[1]], names[across[0]],
+                                       target=target, sizes=sizes,
+                                       counts=counts, repeats=repeats)
+  apart = [names[i] for i in across]
+  alone, together = measure_sharing(apart, target=target,
+                                    repeats=max(repeats, 7))
+  capacity = fit_capacity(alone, together)
+  return dataclasses.replace(
+      one_host, num_devices=len(names),
+      host_link=host_link,
+      hosts_share_cores=capacity < APART_CAPACITY,
+      fit={**one_host.fit, "between_hosts": {
+          **host_fit, "capacity_measured": capacity}})

@@ -96,11 +96,53 @@ def connect(cluster: Any, timeout_s: float = 30.0) -> dict[str, list[str]]:
   # the call; the context (its thread pools, where ops run) is made
   # before, outside, so ops keep this machine's network.
   context.ensure_initialized()
+  if job is None:
+    resolver = _with_reachable_client(spec, resolver)
   with job.entered() if job else contextlib.nullcontext():
     tf.config.experimental_connect_to_cluster(
         resolver, make_master_device_default=False)
   _CONNECTED = spec
   return spec
+
+
+def client_address(spec: Mapping[str, list[str]]) -> str | None:
+  """This process's address on the route to the cluster's first task, or
+  None where that route is loopback (the tasks are on this machine)."""
+  import ipaddress  # pylint: disable=g-import-not-at-top
+  import socket  # pylint: disable=g-import-not-at-top
+  first = next(a for addrs in spec.values() for a in addrs)
+  host, _, port = first.rpartition(":")
+  try:
+    family = socket.AF_INET6 if ":" in host.strip("[]") else socket.AF_INET
+    with socket.socket(family, socket.SOCK_DGRAM) as probe:
+      probe.connect((host.strip("[]"), int(port)))  # a route, no packet
+      mine = probe.getsockname()[0]
+  except (OSError, ValueError):
+    return None
+  return None if ipaddress.ip_address(mine).is_loopback else mine
+
+
+def _with_reachable_client(spec, resolver):
+  """`resolver` with this process's own job ("localhost") at an address the
+  tasks reach, where they are on other hosts.
+
+  Left out, `connect_to_cluster` names this process "localhost:PORT", and
+  a task on another host that calls back (a tensor of this process a
+  function there reads) dials itself. Its server binds the port on every
+  interface; the address is the one on the route to the tasks."""
+  import socket  # pylint: disable=g-import-not-at-top
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  mine = client_address(spec)
+  if mine is None:
+    return resolver
+  with socket.socket(socket.AF_INET6 if ":" in mine else socket.AF_INET,
+                     socket.SOCK_STREAM) as free:
+    free.bind((mine, 0))
+    port = free.getsockname()[1]
+  host = f"[{mine}]" if ":" in mine else mine
+  return tf.distribute.cluster_resolver.SimpleClusterResolver(
+      tf.train.ClusterSpec({**spec, "localhost": [f"{host}:{port}"]}),
+      rpc_layer="grpc")
 
 
 def answers(address: str, timeout_s: float = 1.0) -> bool:
@@ -149,6 +191,19 @@ def session_target(spec: Mapping[str, list[str]], device: str) -> str:
     raise invalid_argument("devices", f"devices of the cluster {dict(spec)}",
                            device)
   return f"grpc://{addrs[task]}"
+
+
+def task_hosts(spec: Mapping[str, list[str]], devices) -> list[str]:
+  """Per device string, the host its task runs on (its address without the
+  port); devices of this process are on "localhost"."""
+  hosts = []
+  for device in devices:
+    if not is_remote(device):
+      hosts.append("localhost")
+      continue
+    address = session_target(spec, device)[len("grpc://"):]
+    hosts.append(address.rpartition(":")[0])
+  return hosts
 
 
 def is_remote(device: str) -> bool:

@@ -251,10 +251,12 @@ class LocalHosts:
     ns.run("ip", "link", "set", "eth0", "up")
     if shaped and self.rate_bits is not None:
       # Both directions: the host's egress on eth0, its ingress as the
-      # fabric end's egress. A bucket of 10 ms at the rate (at least a few
-      # packets), and at most 50 ms of queue.
+      # fabric end's egress. A bucket of 1 ms at the rate (at least a few
+      # packets): a real link sends no faster than its rate, and a larger
+      # bucket lets a step's tensors of tens of kB through at memory
+      # speed after each pause. At most 50 ms of queue.
       rate = f"{int(self.rate_bits)}bit"
-      burst = str(max(16_000, int(self.rate_bits / 8 / 100)))
+      burst = str(max(4_000, int(self.rate_bits / 8 / 1000)))
       for where, dev in ((ns, "eth0"), (fabric, port)):
         where.run("tc", "qdisc", "add", "dev", dev, "root", "tbf", "rate",
                   rate, "burst", burst, "latency", "50ms")

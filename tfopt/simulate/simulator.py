@@ -27,8 +27,9 @@ Timing model (Baechi's, with measured refinements):
     gRPC's fitted overhead + bytes/bandwidth, so small transfers overlap)
     and arrives latency + bytes/bandwidth after it started. Where the
     CommModel says transfers are CPU work (`CommModel.cpu_work`: gRPC
-    between server tasks), that channel time is also work on the sender's
-    and the receiver's cores, shared with the ops running there like an
+    between server tasks), the transfer is also work on the sender's and
+    the receiver's cores (`Link.cpu_us`: the channel time, or less on a
+    link slower than the cores, between hosts), shared with the ops running there like an
     op's (it takes no executor thread), and the tensor arrives no sooner
     than both are done. Control edges
     move nothing and cost nothing, unless the CommModel says they are
@@ -407,10 +408,11 @@ class _Timeline:
       k = len(self.transfers)
       self.transfers.append(Transfer(name, port, d, dd, nbytes, t0,
                                      t0 + duration))
-      if not (self.comm.cpu_work and channel > 0):
+      work = min(channel, link.cpu_us(nbytes))
+      if not (self.comm.cpu_work and work > 0):
         self._push(t0 + duration, "arrive", readers)
         continue
-      self.in_flight[k] = [3, readers, channel]
+      self.in_flight[k] = [3, readers, work]
       self._push(t0 + duration, "linked", k)
       if t0 > now:
         self._push(t0, "work", k)
