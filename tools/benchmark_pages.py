@@ -677,6 +677,48 @@ def packing_section() -> str:
              rows, set(range(1, len(placers) + 4)))])
 
 
+def hosts_section() -> str:
+  """Placement across LocalHosts and the placer's cost as hosts grow
+  (benchmarks/hosts.py)."""
+  d = load("hosts")
+  placed = [[r["rate"], r["placer"], _f(r["link_between"]["bandwidth_gbps"]
+                                         * 1e3, 1),
+             _f(r["predicted_ms"], 1), _f(r["measured_ms"], 1),
+             _f(r["measured_over_predicted"]), r["tensors_across_hosts"],
+             _f(r["bytes_across_hosts"] / 1e3, 0),
+             f"{r['max_loss_diff']:.1e}"] for r in d.get("placement", [])]
+  scaled = [[WORKLOADS.get(r["workload"], r["workload"]), r["hosts"],
+             r["per_host"]] + (
+                 [_f(r["placement_seconds"]), _f(r["vs_lower_bound"]),
+                  _f(r["vs_single"]), r["devices_used"], r["hosts_used"],
+                  _f(r["bytes_across_hosts"] / 1e6, 1)]
+                 if r["feasible"] else ["--"] * 6)
+            for r in d.get("scaling", [])]
+  return "\n\n".join([
+      "### Several hosts (LocalHosts)",
+      f"`python -m benchmarks.hosts` (`benchmarks/results/hosts.json`, "
+      f"{d['machine']}). Placement: 2 hosts x 2 server tasks in network "
+      "namespaces, each host's tasks pinned to one core of its own, links "
+      "between hosts shaped at the rate; `tfopt-calibrate --cluster` "
+      "measured both levels; a 256-512x4-10 MLP + Adam whose state does not "
+      "fit one host's two tasks of 6 MB trained through `tfopt.compile("
+      "placement=\"auto\")` from the client's place. Measured: the minimum "
+      "per-step time over rounds; x: between hosts, in the plan's predicted "
+      "schedule; loss diff: the largest difference from plain Keras' losses.",
+      _table(["rate", "placer", "MB/s between (fit)", "predicted ms",
+              "measured ms", "measured / predicted", "tensors x", "kB x",
+              "loss diff"], placed, set(range(2, 8))),
+      "Scaling (simulation): `auto` on the shipped workloads, inside a host "
+      "Baechi's PCIe-like link, between hosts 1 Gbit/s + 200 us, each "
+      "device capped at a quarter of the graph's memory; its placement "
+      "time, its plan against the proven lower bound and against one "
+      "(uncapped) device, the devices and hosts it used, and the MB it sends "
+      "between hosts per step.",
+      _table(["workload", "hosts", "devices per host", "place s",
+              "plan / bound", "plan / one device", "devices used",
+              "hosts used", "MB x"], scaled, set(range(1, 9)))])
+
+
 def _packing_claims() -> list[list[str]]:
   rows = load("packing")["rows"]
   reached = [r for r in rows if r["tightest"].get("auto") is not None]
@@ -690,7 +732,7 @@ def _packing_claims() -> list[list[str]]:
 SECTIONS = (capture_section, placement_section, packing_section, runtime_section,
             auto_calibration_section,
             fit_section, optimizers_section, moe_section, nas_section,
-            scale_section, confinement_section)
+            scale_section, hosts_section, confinement_section)
 
 
 def guide() -> str:

@@ -220,3 +220,37 @@ def test_a_model_placed_across_two_hosts_trains_as_keras(tmp_path):
   hosts_used = {hosts.host_of(int(d.split("task:")[1].split("/")[0]))
                 for d in out["devices"]}
   assert hosts_used == {0, 1}, out["devices"]
+
+
+@needs_hosts
+@pytest.mark.slow
+@pytest.mark.serial  # heartbeat timeouts of seconds
+def test_data_parallel_across_two_hosts_follows_one_host(tmp_path):
+  """The launcher's workers on LocalHosts: the same script and flags give
+  the same trajectory on 2 hosts x 1 worker (every all-reduce across a
+  shaped link) as on 1 host x 2 workers."""
+  from tfopt.scale.launch import launch, summary
+  script = os.path.join(ROOT, "experiments", "scale_train.py")
+  flags = ["--dropout=0", "--epochs=2", "--steps_per_epoch=10",
+           "--checkpoint_every=5"]
+  watch = dict(backoff_s=0.1, heartbeat_timeout_s=5.0, min_stuck_s=10.0,
+               startup_timeout_s=240.0, max_restarts=0)
+  runs, addresses = {}, {}
+  for num_hosts in (1, 2):
+    with LocalHosts(num_hosts, 0, link_rate="100mbit") as hosts:
+      result = launch([script, *flags], workers=2, hosts=hosts,
+                      run_dir=tmp_path / f"hosts{num_hosts}", **watch)
+    assert result.ok and len(result.attempts) == 1
+    (attempt,) = result.attempts
+    runs[num_hosts] = result.trajectory()
+    addresses[num_hosts] = attempt["addresses"]
+    text = summary(result)
+    assert ("worker 1 on host 10.201.0.2" in text) == (num_hosts == 2), text
+  for run in runs.values():
+    assert run["steps"] == 20 and run["lost"] == [] and run["repeated"] == []
+  np.testing.assert_allclose(
+      [runs[2]["loss"][s] for s in range(1, 21)],
+      [runs[1]["loss"][s] for s in range(1, 21)], rtol=0, atol=1e-6)
+  # Each worker at its host's address (the other worker reached it there).
+  assert addresses == {1: ["10.201.0.1"] * 2,
+                       2: ["10.201.0.1", "10.201.0.2"]}

@@ -5,6 +5,7 @@ input, the trajectory stitched from step logs (hand-computed)."""
 import json
 import os
 import socket
+import types
 
 import pytest
 
@@ -226,6 +227,14 @@ def test_bad_input(tmp_path):
     Fault.parse("explode:1:2")
   with pytest.raises(ValueError, match="Argument `faults`"):
     launch([FAKE, "ok"], workers=2, faults=["kill:5:1"])
+  # On LocalHosts: as many workers on each host; ports picked inside them.
+  two_hosts = types.SimpleNamespace(num_hosts=2, host_fd=lambda host: -1)
+  with pytest.raises(ValueError, match=r"Argument `workers` must be a "
+                     r"multiple of the hosts' count \(2\)"):
+    launch([FAKE, "ok"], workers=3, hosts=two_hosts)
+  with pytest.raises(ValueError, match="Argument `ports` must be None when "
+                     "`hosts`"):
+    launch([FAKE, "ok"], workers=2, hosts=two_hosts, ports=[1, 2])
   # The workers listen inside the job's network namespace: a port is in
   # use where something there holds it.
   def bound():

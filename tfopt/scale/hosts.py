@@ -169,8 +169,9 @@ class LocalHosts:
                log_dir: str | None = None):
     """Args:
       num_hosts: hosts (>= 1).
-      tasks_per_host: server tasks on each host (>= 1); task k runs on host
-        k // tasks_per_host.
+      tasks_per_host: server tasks on each host (>= 0); task k runs on host
+        k // tasks_per_host. 0: the hosts' network alone, for processes
+        started on it (the launcher's workers: `launch(..., hosts=)`).
       link_rate: each host's link rate, both directions ("1gbit",
         "100mbit", bits per second), or None for unshaped links.
       cpus: per task, the cores its process is pinned to (None: unpinned).
@@ -181,7 +182,10 @@ class LocalHosts:
       log_dir: a directory for each task's log (default: discarded).
     """
     check_positive_int("num_hosts", num_hosts)
-    check_positive_int("tasks_per_host", tasks_per_host)
+    if isinstance(tasks_per_host, bool) or not isinstance(
+        tasks_per_host, int) or tasks_per_host < 0:
+      raise invalid_argument("tasks_per_host", "an integer >= 0",
+                             tasks_per_host)
     if num_hosts > 250:
       raise invalid_argument("num_hosts", "at most 250 (one /24)", num_hosts)
     self.rate_bits = link_rate_bits(link_rate)
@@ -319,6 +323,21 @@ class LocalHosts:
     return done.returncode == 0
 
   # ----------------------------------------------------------------- access
+
+  def host_fd(self, host: int) -> int:
+    """Host `host`'s network namespace as an fd of this process (for
+    `pass_fds` and `tfopt.runtime.netns`'s `--enter_fd`)."""
+    if isinstance(host, bool) or not isinstance(host, int) or not (
+        0 <= host < self.num_hosts):
+      raise invalid_argument("host", f"a host index in [0, {self.num_hosts})",
+                             host)
+    return self._hosts[host].fd
+
+  def free_ports(self, host: int, count: int) -> list[int]:
+    """`count` ports free at host `host`'s address, asked inside it."""
+    from tfopt._net import free_ports  # pylint: disable=g-import-not-at-top
+    with netns.entered(self.host_fd(host)):
+      return free_ports(count, host=self.addresses[host])
 
   def host_of(self, task: int) -> int:
     """The host task `task` runs on."""

@@ -216,8 +216,10 @@ class _Attempt:
     cfg = self.launcher
     log_dir = os.path.join(cfg.run_dir, "logs", f"attempt-{self.index}")
     os.makedirs(log_dir, exist_ok=True)
-    cluster = {"worker": [f"127.0.0.1:{p}" for p in ports]}
+    cluster = {"worker": [f"{cfg.address_of(w)}:{p}"
+                          for w, p in enumerate(ports)]}
     self.record["ports"] = list(ports)
+    self.record["addresses"] = [cfg.address_of(w) for w in range(len(ports))]
     self.record["started"] = time.time()
     self.watch = hb.ProgressWatch(
         os.path.join(cfg.run_dir, "heartbeats"), cfg.workers,
@@ -241,11 +243,12 @@ class _Attempt:
         env[wk.ENV_FAULT] = ",".join(mine)
       log = os.path.join(log_dir, f"worker-{w}.log")
       self.logs.append(log)
+      fd = cfg.namespace_fd(w)
       with open(log, "ab") as out:
         self.procs.append(subprocess.Popen(  # pylint: disable=consider-using-with
-            cfg.worker_command(), env=env, stdout=out, stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL, start_new_session=True,
-            pass_fds=(cfg.namespace.fd,) if cfg.namespace else ()))
+            cfg.worker_command(w), env=env, stdout=out,
+            stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+            start_new_session=True, pass_fds=() if fd is None else (fd,)))
 
   def _inject(self) -> None:
     """Records the faults workers raised on themselves at their step
@@ -418,7 +421,7 @@ class Launcher:
                startup_timeout_s=300.0, collective_timeout_factor=20.0,
                min_collective_timeout_s=30.0, faults=(), ports=None,
                env=None, poll_s=0.05, phase_budget_s=None,
-               allow_exposed=False, confine=True):
+               allow_exposed=False, confine=True, hosts=None):
     if isinstance(workers, bool) or not isinstance(workers, int) or \
         workers < 1:
       raise invalid_argument("workers", "a positive integer", workers)
@@ -452,13 +455,26 @@ class Launcher:
       if not 0 <= fault.worker < workers:
         raise invalid_argument("faults", f"faults on workers 0..{workers - 1}",
                                fault)
+    # On `hosts` (tfopt.scale.hosts.LocalHosts) worker w runs in host
+    # w // (workers / hosts)'s network namespace, at that host's address.
+    self.hosts = hosts
+    if hosts is not None and (workers % hosts.num_hosts or
+                              not hasattr(hosts, "host_fd")):
+      raise invalid_argument(
+          "workers", f"a multiple of the hosts' count "
+          f"({getattr(hosts, 'num_hosts', hosts)}) when `hosts` (a "
+          f"LocalHosts) is given", workers)
     # The workers' TensorFlow servers listen on every interface of the
-    # network namespace they run in: this process's private one.
-    # confine=False: the workers need this machine's network (a dataset
-    # read from another host); they then listen on every interface.
-    self.confine = bool(confine)
+    # network namespace they run in: this process's private one, or their
+    # host's. confine=False: the workers need this machine's network (a
+    # dataset read from another host); they then listen on every interface.
+    self.confine = bool(confine) or hosts is not None
     self.namespace = (netns.confine("The launcher's workers", allow_exposed)
-                      if confine else None)
+                      if confine and hosts is None else None)
+    if ports is not None and hosts is not None:
+      raise invalid_argument("ports", "None when `hosts` is given (each "
+                             "worker's port is picked inside its host)",
+                             ports)
     if ports is not None:
       ports = [int(p) for p in ports]
       if len(ports) != workers or len(set(ports)) != workers:
@@ -506,13 +522,40 @@ class Launcher:
     return self.namespace.run_inside(fn, *args) if self.namespace \
         else fn(*args)
 
-  def worker_command(self) -> list[str]:
-    """The command a worker process runs: `command` inside the job's
-    network namespace."""
-    if self.namespace is None:
+  def host_of(self, worker: int) -> int | None:
+    """The host worker `worker` runs on (None without `hosts`)."""
+    if self.hosts is None:
+      return None
+    return worker // (self.workers // self.hosts.num_hosts)
+
+  def address_of(self, worker: int) -> str:
+    """Where the other workers reach worker `worker`."""
+    host = self.host_of(worker)
+    return "127.0.0.1" if host is None else self.hosts.addresses[host]
+
+  def namespace_fd(self, worker: int) -> int | None:
+    """The network namespace worker `worker` runs in, as an fd of this
+    process (None: this process's)."""
+    if self.hosts is not None:
+      return self.hosts.host_fd(self.host_of(worker))
+    return self.namespace.fd if self.namespace else None
+
+  def _free_ports(self) -> list[int]:
+    """A free port per worker, inside the namespace it will run in."""
+    if self.hosts is None:
+      return self._inside(free_ports, self.workers)
+    per_host = self.workers // self.hosts.num_hosts
+    return [port for h in range(self.hosts.num_hosts)
+            for port in self.hosts.free_ports(h, per_host)]
+
+  def worker_command(self, worker: int = 0) -> list[str]:
+    """The command worker `worker` runs: `command` inside its network
+    namespace."""
+    fd = self.namespace_fd(worker)
+    if fd is None:
       return list(self.command)
     return [sys.executable, "-m", "tfopt.runtime.netns",
-            f"--enter_fd={self.namespace.fd}", f"--parent={os.getpid()}",
+            f"--enter_fd={fd}", f"--parent={os.getpid()}",
             "--", *self.command]
 
   def _previous_attempts(self) -> int:
@@ -559,8 +602,8 @@ class Launcher:
     while True:
       attempt = _Attempt(self, index)
       ports = self.ports if (self.ports and not self.attempts) else \
-          self._inside(free_ports, self.workers)
-      if self.namespace is None and not self.attempts:
+          self._free_ports()
+      if self.namespace is None and self.hosts is None and not self.attempts:
         netns.warn_exposed("The launcher's workers", ports,
                            None if self.confine else "confine=False")
       attempt.start(ports)
@@ -726,7 +769,8 @@ def summary(result: LaunchResult) -> str:
   lines = []
   for rec in result.attempts:
     failure = rec["failure"]
-    what = (f"{failure['kind']} (worker {failure['worker']})" if failure
+    what = (f"{failure['kind']} (worker {failure['worker']}"
+            f"{_on_host(rec, failure['worker'])})" if failure
             else "success")
     lines.append(f"attempt {rec['attempt']}: {what}, steps "
                  f"{rec['resumed_from'] or 0}..{rec['last_step']}")
@@ -749,12 +793,22 @@ def summary(result: LaunchResult) -> str:
       final = json.load(f)
     if isinstance(final, dict):
       w = final.get("worker", "?")
-      lines.append(f"worker {w}: step {final.get('global_step')}, final "
+      last = result.attempts[-1] if result.attempts else {}
+      lines.append(f"worker {w}{_on_host(last, w)}: step {final.get('global_step')}, final "
                    f"loss {final.get('final_loss', float('nan')):.6f}, "
                    f"weights sha256 "
                    f"{str(final.get('weights_sha256', ''))[:16]}")
   lines.append(f"run directory: {result.run_dir}")
   return "\n".join(lines)
+
+
+def _on_host(record: dict, worker) -> str:
+  """" on host ADDRESS" for a worker of an attempt on several hosts."""
+  addresses = record.get("addresses") or []
+  if len(set(addresses)) < 2 or not isinstance(worker, int) or not (
+      0 <= worker < len(addresses)):
+    return ""
+  return f" on host {addresses[worker]}"
 
 
 if __name__ == "__main__":

@@ -1,0 +1,77 @@
+"""The client side of benchmarks/hosts.py's placement rows, run in
+LocalHosts' client place: plain Keras' losses, then the same model through
+`tfopt.compile` across the hosts' tasks; the step measured against the
+prediction. Prints one JSON line.
+
+    python -m benchmarks._hosts_client SPEC DEVICES CAP CALIBRATION ROUNDS
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import sys
+import time
+
+BATCH, SHORT, LONG = 32, 4, 24
+TASKS_PER_HOST = 2
+
+
+def _build():
+  import keras  # pylint: disable=import-outside-toplevel
+  from tfopt import zoo  # pylint: disable=import-outside-toplevel
+  keras.utils.set_random_seed(0)
+  return zoo.mlp(input_dim=256, hidden=(512,) * 4).model
+
+
+def _compile_kwargs():
+  import keras  # pylint: disable=import-outside-toplevel
+  return dict(optimizer="adam", loss=keras.losses.SparseCategoricalCrossentropy(
+      from_logits=True))
+
+
+def main(spec, devices, cap, calibration, rounds):
+  import numpy as np  # pylint: disable=import-outside-toplevel
+  import tfopt  # pylint: disable=import-outside-toplevel
+  rng = np.random.default_rng(0)
+  x = rng.standard_normal((BATCH * LONG, 256)).astype(np.float32)
+  y = rng.integers(0, 10, BATCH * LONG).astype(np.int32)
+  fit = dict(batch_size=BATCH, epochs=2, shuffle=False, verbose=0)
+  plain = _build()
+  plain.compile(**_compile_kwargs())
+  out = {"plain_losses": plain.fit(x[:128], y[:128], **fit).history["loss"]}
+  model = _build()
+  tfopt.compile(model, placement="auto", devices=json.loads(devices),
+                cluster=json.loads(spec), memory_per_device=int(cap),
+                calibration=calibration, verbose=False, **_compile_kwargs())
+  out["losses"] = model.fit(x[:128], y[:128], **fit).history["loss"]
+  (report,) = model.train_function.reports.values()
+
+  def fit_s(steps):
+    began = time.perf_counter()
+    model.fit(x[:BATCH * steps], y[:BATCH * steps], batch_size=BATCH,
+              shuffle=False, verbose=0)
+    return time.perf_counter() - began
+
+  per_step = []
+  for _ in range(int(rounds)):
+    short, long = fit_s(SHORT), fit_s(LONG)
+    per_step.append((long - short) / (LONG - SHORT))
+  schedule = report.plan.schedule
+  across = [t for t in schedule.transfers
+            if t.src_device // TASKS_PER_HOST != t.dst_device // TASKS_PER_HOST]
+  out.update(
+      placer=report.placer, devices_used=len(report.devices_used),
+      predicted_ms=report.predicted_us / 1e3,
+      measured_ms=min(per_step) * 1e3,
+      measured_median_ms=statistics.median(per_step) * 1e3,
+      per_step_ms=[s * 1e3 for s in per_step],
+      tensors_across_hosts=sum(1 for t in across if t.bytes > 0),
+      bytes_across_hosts=sum(t.bytes for t in across),
+      control_messages_across_hosts=sum(1 for t in across if t.bytes == 0),
+      cluster=report.cluster_source)
+  print(json.dumps(out))
+
+
+if __name__ == "__main__":
+  main(*sys.argv[1:6])
