@@ -26,6 +26,10 @@
   restart to the first step of the next attempt, steps lost or repeated in
   the stitched trajectory (goal 0), steps recomputed since the checkpoint,
   and whether the final model is bit for bit the unfaulted run's.
+- network_faults: the same job on 2 hosts x 1 worker
+  (`tfopt.scale.hosts.LocalHosts`, 1 Gbit/s, needs root): worker 1's host
+  partitioned (link down 8 s) and lost (its worker killed, link down as
+  long) at step 25; the same columns, against a clean run on those hosts.
 - stragglers: the same job (120 steps, phases exchanged every 10 steps)
   with no delay, +10 ms, +30 % and +100 ms of host time per step on
   worker 1, and +10 %, +30 % and +100 % of the healthy step time as real
@@ -54,9 +58,13 @@ flags.DEFINE_integer("repeats", 5, "Saves per method.")
 flags.DEFINE_integer("monitor_runs", 11, "Interleaved fit runs per arm.")
 flags.DEFINE_string("out", None, "JSON path (default: results/scale.json).")
 flags.DEFINE_list("parts", ["checkpoint", "monitoring", "faults",
+                            "network_faults",
                             "stragglers"], "Parts to run; the others are "
                   "kept from the existing JSON.")
 
+# How long a partition keeps a host cut off: past the heartbeat timeout
+# (5 s) of the fault matrix's watch.
+PARTITION_S = 8.0
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SCRIPT = os.path.join(ROOT, "experiments", "scale_train.py")
 
@@ -212,53 +220,78 @@ def _final(run_dir):
 
 
 def faults_part():
+  """The eight faults of the module doc on 2 loopback workers."""
+  cases = [(kind, w) for kind in ("kill", "stop", "stuck", "term")
+           for w in (0, 1)]
+  return _fault_matrix(cases, "fault matrix")
+
+
+def network_faults_part():
+  """A partition (worker 1's host cut off for `PARTITION_S`, longer than
+  the heartbeat timeout) and a host lost (its workers killed, its link down
+  as long), on 2 LocalHosts x 1 worker at 1 Gbit/s (needs root)."""
+  from tfopt.scale.hosts import LocalHosts  # pylint: disable=import-outside-toplevel
+  with LocalHosts(2, 0, link_rate="1gbit") as hosts:
+    return _fault_matrix([("partition", 1), ("kill_host", 1)],
+                         "network faults", hosts=hosts,
+                         partition_s=PARTITION_S)
+
+
+def _fault_matrix(cases, title, **launch_kwargs):
+  """Each (fault, worker) of `cases` against a clean run of the same job
+  under the same launcher settings."""
   from tfopt.scale.launch import launch  # pylint: disable=import-outside-toplevel
   root = tempfile.mkdtemp(prefix="tfopt-bench-faults-")
   watch = {"backoff_s": 1.0, "heartbeat_timeout_s": 5.0, "min_stuck_s": 10.0,
            "stuck_factor": 10.0}
   flags_ = ["--epochs=3", "--steps_per_epoch=20", "--checkpoint_every=5"]
   clean = launch([SCRIPT, *flags_], workers=2,
-                 run_dir=os.path.join(root, "clean"), **watch)
+                 run_dir=os.path.join(root, "clean"), **watch,
+                 **launch_kwargs)
   reference = _final(clean.run_dir)
   records = []
-  cases = [(kind, w) for kind in ("kill", "stop", "stuck", "term")
-           for w in (0, 1)]
-  for kind, w in _progress(cases, "fault matrix"):
+  for kind, w in _progress(cases, title):
     run_dir = os.path.join(root, f"{kind}-{w}")
     extra = [f"--stuck={w}:25"] if kind == "stuck" else []
     faults = [] if kind == "stuck" else [f"{kind}:{w}:25"]
     result = launch([SCRIPT, *flags_, *extra], workers=2, run_dir=run_dir,
-                    faults=faults, **watch)
-    first, second = result.attempts[0], result.attempts[1]
-    failure = first["failure"]
-    if kind == "stuck":
-      since = (failure.get("last_beat") or {}).get("phase_since")
-    else:
-      since = first["faults"][0]["time"]
-    trajectory = result.trajectory()
-    final = _final(run_dir)
-    records.append({
-        "fault": kind, "worker": w, "detected": failure["kind"],
-        "detected_worker": failure["worker"],
-        "detected_s": failure["detected_at"] - since if since else None,
-        "teardown_s": first["teardown_s"],
-        "restart_s": (second["started"] + second["first_step_s"] -
-                      failure["detected_at"]),
-        "steps_lost": len(trajectory["lost"]) + len(trajectory["repeated"]),
-        # the step log is flushed at checkpoints, so after a kill -9 the
-        # steps since the last one are known from the heartbeats only
-        "steps_recomputed": max(trajectory["recomputed"],
-                                first["last_step"] -
-                                (second["resumed_from"] or 0)),
-        "resumed_from": second["resumed_from"],
-        "final_loss": final["final_loss"],
-        "final_loss_matches": (final["final_loss"] == reference["final_loss"]
-                               and final["weights_sha256"] ==
-                               reference["weights_sha256"]),
-        "attempts": len(result.attempts)})
-  return {"watch": watch, "script_flags": flags_,
+                    faults=faults, **watch, **launch_kwargs)
+    records.append(_fault_record(kind, w, result, _final(run_dir),
+                                 reference))
+  return {"watch": dict(watch, **{k: v for k, v in launch_kwargs.items()
+                                  if k != "hosts"}),
+          "script_flags": flags_,
           "reference_final_loss": reference["final_loss"],
           "records": records}
+
+
+def _fault_record(kind, w, result, final, reference) -> dict:
+  first, second = result.attempts[0], result.attempts[1]
+  failure = first["failure"]
+  if kind == "stuck":
+    since = (failure.get("last_beat") or {}).get("phase_since")
+  else:
+    since = first["faults"][0]["time"]
+  trajectory = result.trajectory()
+  return {
+      "fault": kind, "worker": w, "detected": failure["kind"],
+      "detected_worker": failure["worker"],
+      "detected_s": failure["detected_at"] - since if since else None,
+      "teardown_s": first["teardown_s"],
+      "restart_s": (second["started"] + second["first_step_s"] -
+                    failure["detected_at"]),
+      "steps_lost": len(trajectory["lost"]) + len(trajectory["repeated"]),
+      # the step log is flushed at checkpoints, so after a kill -9 the
+      # steps since the last one are known from the heartbeats only
+      "steps_recomputed": max(trajectory["recomputed"],
+                              first["last_step"] -
+                              (second["resumed_from"] or 0)),
+      "resumed_from": second["resumed_from"],
+      "final_loss": final["final_loss"],
+      "final_loss_matches": (final["final_loss"] == reference["final_loss"]
+                             and final["weights_sha256"] ==
+                             reference["weights_sha256"]),
+      "attempts": len(result.attempts)}
 
 
 def _straggler_run(root, label, extra):
@@ -329,7 +362,8 @@ def main(argv):
   del argv
   out = FLAGS.out or os.path.join(RESULTS, "scale.json")
   parts = {"checkpoint": checkpoint_part, "monitoring": monitoring_part,
-           "faults": faults_part, "stragglers": stragglers_part}
+           "faults": faults_part, "network_faults": network_faults_part,
+           "stragglers": stragglers_part}
   unknown = sorted(set(FLAGS.parts) - set(parts))
   if unknown:
     raise app.UsageError(f"--parts must be among {sorted(parts)}; "
@@ -370,11 +404,12 @@ def _print(result):
     print(f"  {'fault':6s} {'worker':>6s} {'detected as':16s} "
           f"{'detect s':>9s} {'teardown s':>10s} {'restart s':>9s} "
           f"{'lost':>4s} {'redone':>6s} final=clean")
-    for r in result["faults"]["records"]:
+    for r in (result["faults"]["records"] +
+              (result.get("network_faults") or {}).get("records", [])):
       named = f"{r['detected']} ({r['detected_worker']})"
       detected = ("-" if r["detected_s"] is None else
                   f"{r['detected_s']:.2f}")
-      print(f"  {r['fault']:6s} {r['worker']:6d} {named:16s} "
+      print(f"  {r['fault']:9s} {r['worker']:3d} {named:16s} "
             f"{detected:>9s} {r['teardown_s']:10.2f} {r['restart_s']:9.2f} "
             f"{r['steps_lost']:4d} {r['steps_recomputed']:6d} "
             f"{r['final_loss_matches']}")

@@ -254,3 +254,50 @@ def test_data_parallel_across_two_hosts_follows_one_host(tmp_path):
   # Each worker at its host's address (the other worker reached it there).
   assert addresses == {1: ["10.201.0.1"] * 2,
                        2: ["10.201.0.1", "10.201.0.2"]}
+
+
+@needs_hosts
+@pytest.mark.slow
+@pytest.mark.serial  # heartbeat timeouts of seconds
+@pytest.mark.parametrize("fault,kind", [("partition:1:12", "partition"),
+                                        ("kill_host:1:12", "host lost")])
+def test_network_faults_are_named_and_survived(tmp_path, fault, kind):
+  """A host cut off for longer than the heartbeat timeout, and a host
+  whose workers die with it: each named as its own kind, the job resumed
+  from the last checkpoint with every host back, nothing lost or
+  repeated, and the losses of a run without the fault."""
+  from tfopt.scale.launch import launch
+  script = os.path.join(ROOT, "experiments", "scale_train.py")
+  flags = ["--dropout=0", "--epochs=2", "--steps_per_epoch=10",
+           "--checkpoint_every=5"]
+  watch = dict(backoff_s=0.1, heartbeat_timeout_s=2.0, min_stuck_s=3.0,
+               startup_timeout_s=240.0, max_restarts=2, partition_s=4.0)
+  runs = {}
+  with LocalHosts(2, 0, link_rate="100mbit") as hosts:
+    for name, faults in (("clean", []), ("faulted", [fault])):
+      began = time.monotonic()
+      result = launch([script, *flags], workers=2, hosts=hosts,
+                      run_dir=tmp_path / name, faults=faults, **watch)
+      runs[name] = (result, time.monotonic() - began)
+    # Every link is back: both hosts answer (a refusal is an answer).
+    assert all(hosts.reachable(h, 1) for h in range(2))
+  result, _ = runs["faulted"]
+  assert result.ok and len(result.attempts) == 2
+  failure = result.attempts[0]["failure"]
+  assert failure["kind"] == kind, failure
+  assert "10.201.0.2" in failure["detail"], failure
+  assert result.attempts[0]["faults"][0]["host"] == "10.201.0.2"
+  trajectory, clean = result.trajectory(), runs["clean"][0].trajectory()
+  assert trajectory["steps"] == 20
+  assert trajectory["lost"] == [] and trajectory["repeated"] == []
+  assert result.attempts[1]["resumed_from"] == 10
+  np.testing.assert_allclose(
+      [trajectory["loss"][s] for s in range(1, 21)],
+      [clean["loss"][s] for s in range(1, 21)], rtol=0, atol=1e-6)
+  finals = []
+  for name in ("clean", "faulted"):
+    with open(tmp_path / name / "final-worker-0.json", encoding="utf-8") as f:
+      finals.append(json.load(f))
+  assert finals[0]["global_step"] == finals[1]["global_step"] == 20
+  np.testing.assert_allclose(finals[1]["final_loss"], finals[0]["final_loss"],
+                             rtol=0, atol=1e-6)

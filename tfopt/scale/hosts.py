@@ -339,6 +339,28 @@ class LocalHosts:
     with netns.entered(self.host_fd(host)):
       return free_ports(count, host=self.addresses[host])
 
+  def set_link(self, host: int, up: bool) -> None:
+    """Takes host `host`'s link to the fabric down (a partition: nothing
+    reaches it or leaves it) or brings it back up."""
+    self.host_fd(host)  # checks `host`
+    self._fabric.run("ip", "link", "set", f"h{host}",
+                     "up" if up else "down")
+
+  def reachable(self, host: int, port: int, timeout_s: float = 0.5) -> bool:
+    """Whether host `host` answers a connection to `port` from the client's
+    place on the fabric: accepting it, or refusing it (up, nothing
+    listening there); False where nothing comes back (its link down)."""
+    import socket  # pylint: disable=g-import-not-at-top
+    address = self.addresses[host]
+    with netns.entered(self._client.fd):
+      try:
+        with socket.create_connection((address, port), timeout=timeout_s):
+          return True
+      except ConnectionRefusedError:
+        return True
+      except OSError:
+        return False
+
   def host_of(self, task: int) -> int:
     """The host task `task` runs on."""
     return task // self.tasks_per_host

@@ -76,7 +76,9 @@ class LaunchError(RuntimeError):
 @dataclasses.dataclass(frozen=True)
 class Fault:
   """Inject `kind` (kill = SIGKILL, stop = SIGSTOP, term = SIGTERM) into
-  `worker` once its heartbeat reports `step` in `attempt`."""
+  `worker` once its heartbeat reports `step` in `attempt`; on LocalHosts
+  also partition (the worker's host's link down for `partition_s`) and
+  kill_host (every worker of that host killed, its link down as long)."""
   kind: str
   worker: int
   step: int
@@ -211,6 +213,9 @@ class _Attempt:
                    "outcome": None, "failure": None, "faults": [],
                    "last_step": -1, "median_step_s": None}
     self.watch = None
+    # Hosts that did not answer from the fabric (host -> since when).
+    self.unanswered: dict[int, float] = {}
+    self.probed_at = float("-inf")
 
   def start(self, ports) -> None:
     cfg = self.launcher
@@ -264,6 +269,9 @@ class _Attempt:
       if os.path.exists(report):
         with open(report, encoding="utf-8") as f:
           landed = json.load(f)
+        if fault.kind in wk.HOST_FAULTS:
+          landed["host"] = self._cut_off(fault)
+          atomic_write_text(report + ".ack", "{}", overwrite=True)
       else:
         beat = self.watch.beats.get(fault.worker)
         if FAULTS[fault.kind] is None or not (
@@ -281,12 +289,31 @@ class _Attempt:
       self.record["last_step"] = max(self.record["last_step"],
                                      landed["at_step"])
 
+  def _cut_off(self, fault) -> str:
+    """Delivers a host fault: the host's link down (until `partition_s`
+    from now), and for kill_host its workers killed. Returns the host's
+    address."""
+    cfg = self.launcher
+    host = cfg.host_of(fault.worker)
+    cfg.hosts.set_link(host, False)
+    cfg.down_until[host] = time.time() + cfg.partition_s
+    if fault.kind == "kill_host":
+      for w in range(cfg.workers):
+        if cfg.host_of(w) == host and self.procs[w].poll() is None:
+          try:
+            os.killpg(self.procs[w].pid, signal.SIGKILL)
+          except ProcessLookupError:
+            pass
+    return cfg.hosts.addresses[host]
+
   def run(self) -> dict | None:
     """Watches until all exit 0 (None) or a failure (returns it)."""
     cfg = self.launcher
     preempt_since = finishing_since = None
     while True:
       now = time.time()
+      cfg.restore_links(now)
+      self._probe_hosts(now)
       codes = [p.poll() for p in self.procs]
       running = [w for w, c in enumerate(codes) if c is None]
       assessment = self.watch.poll(now, running)
@@ -394,9 +421,60 @@ class _Attempt:
     return self._failure(kind, w, now, f"exit code {code}")
 
   def _failure(self, kind, worker, now, detail) -> dict:
+    cut = self._unreachable_host()
+    if cut is not None:
+      # A host nobody reaches: its workers killed by a signal is the
+      # host lost; anything else (a collective stalled or failed, its
+      # workers alive or exiting on the error) is a partition.
+      host, ports = cut
+      on_host = [w for w in range(self.launcher.workers)
+                 if self.launcher.host_of(w) == host]
+      codes = [self.procs[w].poll() for w in on_host]
+      lost = all(c is not None and c < 0 for c in codes)
+      kind = "host lost" if lost else "partition"
+      worker = on_host[0] if worker is None or worker not in on_host \
+          else worker
+      address = self.launcher.hosts.addresses[host]
+      detail = (f"host {host} ({address}) did not answer on ports "
+                f"{ports} from the fabric" +
+                (", its workers killed" if lost else "") + f"; {detail}")
     beat = self.watch.beats.get(worker) if worker is not None else None
     return {"kind": kind, "worker": worker, "detail": detail,
             "detected_at": now, "last_beat": beat}
+
+  def _probe_hosts(self, now: float) -> None:
+    """Every heartbeat interval, asks each host from the fabric; records
+    when one first did not answer in this attempt (a partition may heal
+    before the stalled collective is detected)."""
+    cfg = self.launcher
+    if cfg.hosts is None or cfg.hosts.num_hosts < 2 or \
+        now - self.probed_at < cfg.heartbeat_s:
+      return
+    self.probed_at = now
+    for host in range(cfg.hosts.num_hosts):
+      if host not in self.unanswered and self._host_silent(host):
+        self.unanswered[host] = now
+
+  def _host_silent(self, host: int) -> bool:
+    cfg, ports = self.launcher, self.record["ports"] or []
+    mine = [ports[w] for w in range(cfg.workers) if cfg.host_of(w) == host]
+    return not any(cfg.hosts.reachable(host, p, timeout_s=0.2) for p in mine)
+
+  def _unreachable_host(self):
+    """(host, its workers' ports) of the first host that did not answer
+    from the fabric in this attempt (probed again now), or None (also
+    without hosts)."""
+    cfg = self.launcher
+    if cfg.hosts is None or cfg.hosts.num_hosts < 2:
+      return None
+    self.probed_at = float("-inf")
+    self._probe_hosts(time.time())
+    if not self.unanswered:
+      return None
+    host = min(self.unanswered, key=self.unanswered.get)
+    ports = self.record["ports"] or []
+    return host, [ports[w] for w in range(cfg.workers)
+                  if cfg.host_of(w) == host]
 
   def teardown(self) -> float:
     start = time.time()
@@ -421,7 +499,8 @@ class Launcher:
                startup_timeout_s=300.0, collective_timeout_factor=20.0,
                min_collective_timeout_s=30.0, faults=(), ports=None,
                env=None, poll_s=0.05, phase_budget_s=None,
-               allow_exposed=False, confine=True, hosts=None):
+               allow_exposed=False, confine=True, hosts=None,
+               partition_s=10.0):
     if isinstance(workers, bool) or not isinstance(workers, int) or \
         workers < 1:
       raise invalid_argument("workers", "a positive integer", workers)
@@ -455,6 +534,13 @@ class Launcher:
       if not 0 <= fault.worker < workers:
         raise invalid_argument("faults", f"faults on workers 0..{workers - 1}",
                                fault)
+      if fault.kind in wk.HOST_FAULTS and hosts is None:
+        raise invalid_argument("faults", f"{fault.kind} only on hosts "
+                               f"(`hosts`: a LocalHosts)", fault)
+    if isinstance(partition_s, bool) or not isinstance(
+        partition_s, (int, float)) or not partition_s > 0:
+      raise invalid_argument("partition_s", "a positive number of seconds",
+                             partition_s)
     # On `hosts` (tfopt.scale.hosts.LocalHosts) worker w runs in host
     # w // (workers / hosts)'s network namespace, at that host's address.
     self.hosts = hosts
@@ -507,6 +593,8 @@ class Launcher:
     self.collective_timeout_s = None
     self.faults = faults
     self.injected: set = set()
+    self.partition_s = float(partition_s)
+    self.down_until: dict[int, float] = {}  # host -> when its link is back
     # Checked here (bad input before anything starts), used by each watch.
     self.phase_budget_s = hb.phase_budgets(phase_budget_s)
     self.ports = ports
@@ -521,6 +609,17 @@ class Launcher:
     """fn(*args) in the workers' network namespace."""
     return self.namespace.run_inside(fn, *args) if self.namespace \
         else fn(*args)
+
+  def restore_links(self, now: float, wait: bool = False) -> None:
+    """Brings back the links of hosts whose fault is over (with `wait`,
+    first waits for every one: a new attempt starts with all hosts)."""
+    for host, until in sorted(self.down_until.items()):
+      if wait and until > now:
+        time.sleep(until - now)
+        now = time.time()
+      if until <= now:
+        self.hosts.set_link(host, True)
+        del self.down_until[host]
 
   def host_of(self, worker: int) -> int | None:
     """The host worker `worker` runs on (None without `hosts`)."""
@@ -591,6 +690,9 @@ class Launcher:
     finally:
       if in_main:
         signal.signal(signal.SIGTERM, previous)
+      for host in list(self.down_until):  # the hosts are the caller's
+        self.hosts.set_link(host, True)
+      self.down_until.clear()
 
   def _on_sigterm(self, signum, frame):  # pylint: disable=unused-argument
     self.terminate_requested = True
@@ -600,6 +702,7 @@ class Launcher:
     stalled = 0  # consecutive attempts without progress (for the backoff)
     index = self._first_attempt
     while True:
+      self.restore_links(time.time(), wait=True)
       attempt = _Attempt(self, index)
       ports = self.ports if (self.ports and not self.attempts) else \
           self._free_ports()
@@ -687,7 +790,13 @@ def launch(command, workers: int, **kwargs) -> LaunchResult:
   and where none can be made, PermissionError; True: there, they run on
   every interface with a warning), confine (True; False runs the workers
   in this machine's network, with a warning: for scripts that must reach
-  other hosts)."""
+  other hosts), hosts (a `tfopt.scale.hosts.LocalHosts`: worker w runs on
+  host w // (workers / hosts), in its namespace, at its address; the host
+  faults partition and kill_host apply there, named "partition" and "host
+  lost" when detected: a host that does not answer from the fabric, its
+  workers alive or exiting on the error, or all killed), partition_s (10:
+  how long a host fault keeps the host's link down; the next attempt
+  starts once every link is back)."""
   return Launcher(command, workers, **kwargs).run()
 
 

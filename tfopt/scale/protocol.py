@@ -25,9 +25,18 @@ ENV_HEARTBEAT = "TFOPT_HEARTBEAT_S"
 ENV_FAULT = "TFOPT_FAULT"
 
 # Signals a worker raises on itself; "kill_task" kills the last of the
-# worker's server tasks instead (a worker started with servers).
+# worker's server tasks instead (a worker started with servers). The host
+# faults are the launcher's to deliver on LocalHosts (`launch(hosts=)`):
+# "partition" takes the worker's host's link down, "kill_host" kills every
+# worker of its host and takes its link down; the worker only says it
+# reached the step and waits for the launcher's acknowledgement.
 FAULTS = {"kill": signal.SIGKILL, "stop": signal.SIGSTOP,
-          "term": signal.SIGTERM, "kill_task": None}
+          "term": signal.SIGTERM, "kill_task": None, "partition": None,
+          "kill_host": None}
+HOST_FAULTS = ("partition", "kill_host")
+# How long a worker waits at its step for the launcher to deliver a host
+# fault.
+HOST_FAULT_WAIT_S = 60.0
 
 
 def fault_report_path(run_dir: str, attempt: int, worker: int,
@@ -66,3 +75,13 @@ def raise_fault_if_asked(step: int, environ=None, kill_task=None) -> None:
     os.replace(path + ".tmp", path)  # the launcher reads it whole or not
     if FAULTS[kind] is not None:
       os.kill(os.getpid(), FAULTS[kind])
+    elif kind in HOST_FAULTS:
+      _wait_for(path + ".ack", HOST_FAULT_WAIT_S)
+
+
+def _wait_for(path: str, timeout_s: float) -> None:
+  """Until `path` exists (the launcher delivered the fault; a killed
+  worker never returns) or `timeout_s` passed."""
+  deadline = time.monotonic() + timeout_s
+  while not os.path.exists(path) and time.monotonic() < deadline:
+    time.sleep(0.05)
