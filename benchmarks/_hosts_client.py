@@ -14,7 +14,6 @@ import sys
 import time
 
 BATCH, SHORT, LONG = 32, 4, 24
-TASKS_PER_HOST = 2
 
 
 def _build():
@@ -57,9 +56,11 @@ def main(spec, devices, cap, calibration, rounds):
   for _ in range(int(rounds)):
     short, long = fit_s(SHORT), fit_s(LONG)
     per_step.append((long - short) / (LONG - SHORT))
+  from tfopt.runtime.remote import task_hosts  # pylint: disable=import-outside-toplevel
+  host = task_hosts(json.loads(spec), json.loads(devices))
   schedule = report.plan.schedule
   across = [t for t in schedule.transfers
-            if t.src_device // TASKS_PER_HOST != t.dst_device // TASKS_PER_HOST]
+            if host[t.src_device] != host[t.dst_device]]
   out.update(
       placer=report.placer, devices_used=len(report.devices_used),
       predicted_ms=report.predicted_us / 1e3,

@@ -23,8 +23,9 @@ plus 200 us), each device's cap the whole graph's memory / 4 when that
 binds; `auto`'s placement time, its plan against the proven lower bound
 and against one device, and the bytes it sends between hosts.
 
-Writes benchmarks/results/hosts.json. Data-parallel and network-fault rows
-(issue 35 items 3 and 4) are not measured yet.
+Writes benchmarks/results/hosts.json. The network faults (a partition, a
+host lost) are rows of `benchmarks.scale`'s fault matrix (its
+network_faults part).
 """
 
 from __future__ import annotations
@@ -52,7 +53,6 @@ flags.DEFINE_string("out", os.path.join(os.path.dirname(__file__), "results",
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CAP_BYTES = 6_000_000
-INTER_HOST_LATENCY_US = 200.0
 
 
 def _placement_row(rate: str) -> dict:
@@ -94,6 +94,7 @@ def _placement_row(rate: str) -> dict:
 def _two_level_cluster(hosts: int, per_host: int, cap):
   from tfopt import Cluster  # pylint: disable=import-outside-toplevel
   from tfopt.cost.comm import CommModel, Link  # pylint: disable=import-outside-toplevel
+  from tfopt.scale.hosts import INTER_HOST_LATENCY_US  # pylint: disable=import-outside-toplevel
   between = Link(INTER_HOST_LATENCY_US, 1e9 / 8 / 1e9)
   num = hosts * per_host
   pairs = {(a, b): between for a in range(num) for b in range(num)

@@ -144,6 +144,14 @@ def test_a_calibration_across_hosts_charges_each_pair_by_its_link(tmp_path):
   assert made.comm().pairs == {} and _calibration().comm(hosts).pairs == {}
   with pytest.raises(ValueError, match="`hosts`"):
     made.applied_to(tfopt.Cluster.uniform(4, names=names), hosts[:3])
+  # A host link whose cores' rate is given keeps it, through the file too.
+  given = dataclasses.replace(made, host_link=Link(
+      200.0, 0.0125, cpu_bandwidth_gbps=0.5))
+  given.save(tmp_path / "g.json")
+  assert cal.load_calibration(tmp_path / "g.json") == given
+  assert given.comm(hosts).link(0, 2).cpu_bandwidth_gbps == 0.5
+  with pytest.raises(ValueError, match="Argument `host_link` must be"):
+    _calibration(host_link="fast")
   # Files of the one-level format read as one level.
   doc = made.to_json()
   del doc["host_link"], doc["hosts_share_cores"]

@@ -10,9 +10,10 @@ def free_ports(count: int, host: str = "127.0.0.1") -> list:
   """`count` distinct ports free right now (bound together, then released:
   the OS does not hand the same one out twice meanwhile)."""
   sockets = []
+  family = socket.AF_INET6 if ":" in host else socket.AF_INET
   try:
     for _ in range(count):
-      s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+      s = socket.socket(family, socket.SOCK_STREAM)
       s.bind((host, 0))
       sockets.append(s)
     return [s.getsockname()[1] for s in sockets]

@@ -119,6 +119,12 @@ class Calibration:
     if self.kind not in KINDS:
       raise invalid_argument("kind", f"one of {list(KINDS)}", self.kind)
     check_positive_int("num_devices", self.num_devices)
+    for name in ("link", "host_link"):
+      value = getattr(self, name)
+      if not isinstance(value, Link) and not (name == "host_link" and
+                                              value is None):
+        raise invalid_argument(name, "a tfopt.cost.Link" + (
+            " or None" if name == "host_link" else ""), value)
     if isinstance(self.capacity, bool) or not isinstance(
         self.capacity, (int, float)) or not self.capacity >= 1:
       raise invalid_argument("capacity", "a number >= 1", self.capacity)
@@ -135,9 +141,10 @@ class Calibration:
     if hosts is not None and self.host_link is not None:
       # The wire between hosts is slower than the cores: they process the
       # bytes at the rate measured inside a host.
-      between = dataclasses.replace(
-          self.host_link, cpu_bandwidth_gbps=max(
-              self.host_link.bandwidth_gbps, self.link.bandwidth_gbps))
+      between = self.host_link
+      if between.cpu_bandwidth_gbps is None:
+        between = dataclasses.replace(between, cpu_bandwidth_gbps=max(
+            between.bandwidth_gbps, self.link.bandwidth_gbps))
       pairs = {(a, b): between for a in range(len(hosts))
                for b in range(len(hosts)) if hosts[a] != hosts[b]}
     return CommModel(self.link, pairs=pairs,
@@ -155,6 +162,9 @@ class Calibration:
     has its own (`inter_op_threads`). Unpinned server processes each
     have a pool of their own on shared cores, which one group's pool does
     not describe: there each device runs one op at a time."""
+    if hosts is not None and len(hosts) != num_devices:
+      raise invalid_argument("hosts", f"one host per device ({num_devices})",
+                             hosts)
     threads = None
     if self.kind == "logical":
       threads = (self.inter_op_threads or self.machine.get("cores")
@@ -262,11 +272,13 @@ class Calibration:
 def _link_json(link: Link) -> dict[str, Any]:
   return {"latency_us": link.latency_us,
           "bandwidth_gbps": link.bandwidth_gbps,
-          "overhead_us": link.overhead_us}
+          "overhead_us": link.overhead_us,
+          "cpu_bandwidth_gbps": link.cpu_bandwidth_gbps}
 
 
 def _link_from(doc: dict) -> Link:
-  return Link(doc["latency_us"], doc["bandwidth_gbps"], doc.get("overhead_us"))
+  return Link(doc["latency_us"], doc["bandwidth_gbps"], doc.get("overhead_us"),
+              doc.get("cpu_bandwidth_gbps"))
 
 
 def from_json(doc: Any, *, path: str | None = None) -> Calibration:

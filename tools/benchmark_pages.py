@@ -914,12 +914,18 @@ def _nas_claims() -> list[list[str]]:
            "`python -m benchmarks.nas`"]]
 
 
+# What each injected fault must be detected as.
+EXPECTED_DETECTION = {"kill": "killed", "stop": "stopped", "stuck": "stuck",
+                      "term": "preempted", "partition": "partition",
+                      "kill_host": "host lost"}
+
+
 def _scale_claims() -> list[list[str]]:
   sc = load("scale")
   faults = sc["faults"]["records"] + (sc.get("network_faults") or {}).get(
       "records", [])
   clean = sum(r["steps_lost"] == 0 and r["final_loss_matches"] and
-              r["detected"] != "crashed" for r in faults)
+              r["detected"] == EXPECTED_DETECTION[r["fault"]] for r in faults)
   hooks = sc["monitoring"]["in_hooks_fraction"]["with_all_callbacks"]
   command = "`python -m benchmarks.scale`"
   return [

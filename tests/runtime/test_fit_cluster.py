@@ -74,7 +74,8 @@ def test_calibrate_command_on_logical_devices(tmp_path):
       (["--cluster={\"worker\": [\"10.9.9.9:1\"]}", "--devices=logical:2"],
        "not both"),
       (["--cluster=not json"], "--cluster: Argument `cluster`"),
-      (["--cluster={\"worker\": [\"10.9.9.9:1\"]}"], "at least two tasks")):
+      (["--cluster={\"worker\": [\"10.9.9.9:1\"]}"], "at least two tasks"),
+      (["--pinned"], "--pinned describes the tasks of --cluster")):
     bad = subprocess.run(
         [sys.executable, "-m", "tfopt.cli.calibrate", *flags,
          f"--out={tmp_path / 'x.json'}"], capture_output=True, text=True,

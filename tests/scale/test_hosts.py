@@ -169,11 +169,33 @@ def test_bad_link_rates_are_named(rate):
 def test_bad_counts_and_subnet_are_named():
   with pytest.raises(ValueError, match="Argument `num_hosts`"):
     LocalHosts(0, 1)
-  with pytest.raises(ValueError, match="Argument `tasks_per_host`"):
-    LocalHosts(2, 0)
+  with pytest.raises(ValueError, match="Argument `tasks_per_host` must be "
+                     "an integer >= 0"):
+    LocalHosts(2, -1)
+  with pytest.raises(ValueError, match="Argument `memory_limit_bytes` must "
+                     "be None when tasks_per_host=0"):
+    LocalHosts(2, 0, memory_limit_bytes=1 << 30)
   with pytest.raises(ValueError, match=r"Argument `subnet` must be three "
                      r"octets"):
     LocalHosts(2, 1, subnet="10.300.0")
+
+
+@needs_hosts
+def test_hosts_without_tasks_say_so_and_check_host_indices():
+  with LocalHosts(2, 0) as hosts:
+    assert hosts.device_names == [] and hosts.pids == []
+    for what in ("target", "cluster"):
+      with pytest.raises(ValueError, match=f"tasks_per_host=0.*`{what}`"):
+        getattr(hosts, what)() if what == "cluster" else hosts.target
+    with pytest.raises(ValueError, match="Argument `host` must be a host "
+                       r"index in \[0, 2\)"):
+      hosts.reachable(2, 2222)
+    # Up, nothing listening: a refusal is an answer; down: none.
+    assert hosts.reachable(1, 2222)
+    hosts.set_link(1, False)
+    assert not hosts.reachable(1, 2222) and hosts.reachable(0, 2222)
+    hosts.set_link(1, True)
+    assert hosts.reachable(1, 2222)
 
 
 def test_without_namespaces_the_error_says_what_is_missing(monkeypatch):

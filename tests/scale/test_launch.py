@@ -235,6 +235,13 @@ def test_bad_input(tmp_path):
   with pytest.raises(ValueError, match="Argument `ports` must be None when "
                      "`hosts`"):
     launch([FAKE, "ok"], workers=2, hosts=two_hosts, ports=[1, 2])
+  with pytest.raises(ValueError, match="Argument `hosts` must be a "
+                     "tfopt.scale.hosts.LocalHosts or None"):
+    launch([FAKE, "ok"], workers=2, hosts=3)
+  one_host = types.SimpleNamespace(num_hosts=1, host_fd=lambda host: -1)
+  for hosts, fault in ((None, "partition:1:5"), (one_host, "kill_host:1:5")):
+    with pytest.raises(ValueError, match="only on 2 or more hosts"):
+      launch([FAKE, "ok"], workers=2, hosts=hosts, faults=[fault])
   # The workers listen inside the job's network namespace: a port is in
   # use where something there holds it.
   def bound():

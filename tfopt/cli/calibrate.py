@@ -72,6 +72,9 @@ def main(argv):
   del argv
   apply_config()
   kind, count = parse_devices(FLAGS.devices)
+  if FLAGS.pinned and not FLAGS.cluster:
+    raise app.UsageError("--pinned describes the tasks of --cluster; "
+                         "without it use --devices=pinned:N.")
   if FLAGS.cluster and FLAGS["devices"].present:
     raise app.UsageError("Pass --devices or --cluster, not both: --cluster "
                          "measures the cluster's running tasks.")

@@ -119,9 +119,10 @@ class CommModel:
   sender's device until the last reader on any device finished, and the
   receiver is charged nothing. The transfer still takes its link time.
 
-  `cpu_work`: a transfer's channel time (`Link.channel_us`: overhead plus
-  bytes over bandwidth) is work of the sender's and of the receiver's
-  cores, as gRPC's serialisation, copies and polling are in the server
+  `cpu_work`: a transfer is work of the sender's and of the receiver's
+  cores for `Link.cpu_us` (its channel time, overhead plus bytes over
+  bandwidth; on a wire slower than the cores, the bytes at the cores'
+  rate), as gRPC's serialisation, copies and polling are in the server
   tasks' own processes: it shares their cores with the ops running there
   (slowing them, and slowed by them), and the tensor arrives no sooner
   than both sides' work is done. Calibrated links between server tasks

@@ -106,20 +106,26 @@ def connect(cluster: Any, timeout_s: float = 30.0) -> dict[str, list[str]]:
 
 
 def client_address(spec: Mapping[str, list[str]]) -> str | None:
-  """This process's address on the route to the cluster's first task, or
-  None where that route is loopback (the tasks are on this machine)."""
+  """This process's address on the route to the cluster's first task that
+  is not on loopback, or None where every task is (this machine)."""
   import ipaddress  # pylint: disable=g-import-not-at-top
   import socket  # pylint: disable=g-import-not-at-top
-  first = next(a for addrs in spec.values() for a in addrs)
-  host, _, port = first.rpartition(":")
-  try:
-    family = socket.AF_INET6 if ":" in host.strip("[]") else socket.AF_INET
-    with socket.socket(family, socket.SOCK_DGRAM) as probe:
-      probe.connect((host.strip("[]"), int(port)))  # a route, no packet
-      mine = probe.getsockname()[0]
-  except (OSError, ValueError):
-    return None
-  return None if ipaddress.ip_address(mine).is_loopback else mine
+  for address in (a for addrs in spec.values() for a in addrs):
+    host, _, port = address.rpartition(":")
+    host = host.strip("[]")
+    try:
+      family, _, _, _, where = socket.getaddrinfo(
+          host, int(port), type=socket.SOCK_DGRAM)[0]
+      if ipaddress.ip_address(where[0]).is_loopback:
+        continue
+      with socket.socket(family, socket.SOCK_DGRAM) as probe:
+        probe.connect(where)  # picks the route; sends nothing
+        mine = probe.getsockname()[0]
+    except (OSError, ValueError):
+      continue
+    if not ipaddress.ip_address(mine).is_loopback:
+      return mine
+  return None
 
 
 def _with_reachable_client(spec, resolver):
@@ -130,15 +136,12 @@ def _with_reachable_client(spec, resolver):
   a task on another host that calls back (a tensor of this process a
   function there reads) dials itself. Its server binds the port on every
   interface; the address is the one on the route to the tasks."""
-  import socket  # pylint: disable=g-import-not-at-top
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  from tfopt._net import free_ports  # pylint: disable=g-import-not-at-top
   mine = client_address(spec)
   if mine is None:
     return resolver
-  with socket.socket(socket.AF_INET6 if ":" in mine else socket.AF_INET,
-                     socket.SOCK_STREAM) as free:
-    free.bind((mine, 0))
-    port = free.getsockname()[1]
+  (port,) = free_ports(1, host=mine)
   host = f"[{mine}]" if ":" in mine else mine
   return tf.distribute.cluster_resolver.SimpleClusterResolver(
       tf.train.ClusterSpec({**spec, "localhost": [f"{host}:{port}"]}),

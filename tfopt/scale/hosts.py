@@ -194,6 +194,10 @@ class LocalHosts:
             int(o) > 255 for o in subnet.split(".")):
       raise invalid_argument("subnet", "three octets such as '10.201.0'",
                              subnet)
+    if memory_limit_bytes is not None and not tasks_per_host:
+      raise invalid_argument("memory_limit_bytes", "None when "
+                             "tasks_per_host=0 (there are no tasks to cap)",
+                             memory_limit_bytes)
     if memory_limit_bytes is not None:
       check_positive_int("memory_limit_bytes", memory_limit_bytes)
       reason = caps.unavailable_reason()
@@ -351,6 +355,7 @@ class LocalHosts:
     place on the fabric: accepting it, or refusing it (up, nothing
     listening there); False where nothing comes back (its link down)."""
     import socket  # pylint: disable=g-import-not-at-top
+    self.host_fd(host)  # checks `host`
     address = self.addresses[host]
     with netns.entered(self._client.fd):
       try:
@@ -363,7 +368,13 @@ class LocalHosts:
 
   def host_of(self, task: int) -> int:
     """The host task `task` runs on."""
+    self._check_tasks("host_of")
     return task // self.tasks_per_host
+
+  def _check_tasks(self, what: str) -> None:
+    if not self.tasks_per_host:
+      raise ValueError(f"LocalHosts(tasks_per_host=0) has no server tasks: "
+                       f"`{what}` needs some.")
 
   @property
   def device_names(self) -> list[str]:
@@ -374,6 +385,7 @@ class LocalHosts:
   @property
   def target(self) -> str:
     """The session target of task 0 (reachable from the client's place)."""
+    self._check_tasks("target")
     return f"grpc://{self.spec[self.job][0]}"
 
   def tf_config(self, task: int) -> str:
@@ -404,6 +416,7 @@ class LocalHosts:
               comm: CommModel | None = None) -> Cluster:
     """The tasks as a tfopt Cluster (one CPU device each), by default with
     the two-level `comm()`."""
+    self._check_tasks("cluster")
     return Cluster.uniform(len(self.device_names), memory_bytes,
                            device_type="CPU",
                            comm=comm if comm is not None else self.comm(),

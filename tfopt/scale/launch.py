@@ -58,6 +58,14 @@ from tfopt.scale import protocol as wk
 
 FAULTS = wk.FAULTS
 RECORD = "launch.json"
+# A host that does not answer from the fabric in this many probes in a row
+# (each 0.2 s, one per heartbeat interval) is cut off: one lost SYN on a
+# busy shaped link is not a partition.
+SILENT_PROBES = 2
+# The failures a cut-off host explains (renamed "partition" or "host
+# lost"); start-up crashes, OOM, ports in use and the like stay as seen.
+NETWORK_EXPLAINS = ("stuck", "heartbeat lost", "crashed", "killed",
+                    "task lost")
 
 _OOM = re.compile(r"ResourceExhaustedError|MemoryError|[Oo]ut of memory|OOM")
 _PORT = re.compile(r"[Aa]ddress already in use|Failed to add port|"
@@ -213,9 +221,12 @@ class _Attempt:
                    "outcome": None, "failure": None, "faults": [],
                    "last_step": -1, "median_step_s": None}
     self.watch = None
-    # Hosts that did not answer from the fabric (host -> since when).
+    # Hosts that did not answer from the fabric in SILENT_PROBES probes in
+    # a row (host -> since when), and the probes in a row so far.
     self.unanswered: dict[int, float] = {}
+    self.silent: dict[int, int] = {}
     self.probed_at = float("-inf")
+    self.killed: set[int] = set()  # workers a kill_host fault killed
 
   def start(self, ports) -> None:
     cfg = self.launcher
@@ -300,6 +311,7 @@ class _Attempt:
     if fault.kind == "kill_host":
       for w in range(cfg.workers):
         if cfg.host_of(w) == host and self.procs[w].poll() is None:
+          self.killed.add(w)
           try:
             os.killpg(self.procs[w].pid, signal.SIGKILL)
           except ProcessLookupError:
@@ -421,7 +433,7 @@ class _Attempt:
     return self._failure(kind, w, now, f"exit code {code}")
 
   def _failure(self, kind, worker, now, detail) -> dict:
-    cut = self._unreachable_host()
+    cut = (self._unreachable_host() if kind in NETWORK_EXPLAINS else None)
     if cut is not None:
       # A host nobody reaches: its workers killed by a signal is the
       # host lost; anything else (a collective stalled or failed, its
@@ -429,8 +441,11 @@ class _Attempt:
       host, ports = cut
       on_host = [w for w in range(self.launcher.workers)
                  if self.launcher.host_of(w) == host]
+      # Killed: by a signal, or by the launcher's kill_host (a process
+      # not reaped yet reads None).
       codes = [self.procs[w].poll() for w in on_host]
-      lost = all(c is not None and c < 0 for c in codes)
+      lost = all(w in self.killed or (c is not None and c < 0)
+                 for w, c in zip(on_host, codes))
       kind = "host lost" if lost else "partition"
       worker = on_host[0] if worker is None or worker not in on_host \
           else worker
@@ -452,7 +467,11 @@ class _Attempt:
       return
     self.probed_at = now
     for host in range(cfg.hosts.num_hosts):
-      if host not in self.unanswered and self._host_silent(host):
+      if host in self.unanswered:
+        continue
+      self.silent[host] = (self.silent.get(host, 0) + 1
+                           if self._host_silent(host) else 0)
+      if self.silent[host] >= SILENT_PROBES:
         self.unanswered[host] = now
 
   def _host_silent(self, host: int) -> bool:
@@ -467,8 +486,9 @@ class _Attempt:
     cfg = self.launcher
     if cfg.hosts is None or cfg.hosts.num_hosts < 2:
       return None
-    self.probed_at = float("-inf")
-    self._probe_hosts(time.time())
+    for _ in range(SILENT_PROBES):  # asked again now, as many times
+      self.probed_at = float("-inf")
+      self._probe_hosts(time.time())
     if not self.unanswered:
       return None
     host = min(self.unanswered, key=self.unanswered.get)
@@ -534,9 +554,10 @@ class Launcher:
       if not 0 <= fault.worker < workers:
         raise invalid_argument("faults", f"faults on workers 0..{workers - 1}",
                                fault)
-      if fault.kind in wk.HOST_FAULTS and hosts is None:
-        raise invalid_argument("faults", f"{fault.kind} only on hosts "
-                               f"(`hosts`: a LocalHosts)", fault)
+      if fault.kind in wk.HOST_FAULTS and (hosts is None or
+                                           hosts.num_hosts < 2):
+        raise invalid_argument("faults", f"{fault.kind} only on 2 or more "
+                               f"hosts (`hosts`: a LocalHosts)", fault)
     if isinstance(partition_s, bool) or not isinstance(
         partition_s, (int, float)) or not partition_s > 0:
       raise invalid_argument("partition_s", "a positive number of seconds",
@@ -544,12 +565,14 @@ class Launcher:
     # On `hosts` (tfopt.scale.hosts.LocalHosts) worker w runs in host
     # w // (workers / hosts)'s network namespace, at that host's address.
     self.hosts = hosts
-    if hosts is not None and (workers % hosts.num_hosts or
-                              not hasattr(hosts, "host_fd")):
+    if hosts is not None and not (hasattr(hosts, "host_fd") and
+                                  hasattr(hosts, "num_hosts")):
+      raise invalid_argument("hosts", "a tfopt.scale.hosts.LocalHosts or "
+                             "None", hosts)
+    if hosts is not None and workers % hosts.num_hosts:
       raise invalid_argument(
-          "workers", f"a multiple of the hosts' count "
-          f"({getattr(hosts, 'num_hosts', hosts)}) when `hosts` (a "
-          f"LocalHosts) is given", workers)
+          "workers", f"a multiple of the hosts' count ({hosts.num_hosts}) "
+          f"when `hosts` is given", workers)
     # The workers' TensorFlow servers listen on every interface of the
     # network namespace they run in: this process's private one, or their
     # host's. confine=False: the workers need this machine's network (a
@@ -614,8 +637,8 @@ class Launcher:
     """Brings back the links of hosts whose fault is over (with `wait`,
     first waits for every one: a new attempt starts with all hosts)."""
     for host, until in sorted(self.down_until.items()):
-      if wait and until > now:
-        time.sleep(until - now)
+      while wait and until > now and not self.terminate_requested:
+        time.sleep(min(0.1, until - now))
         now = time.time()
       if until <= now:
         self.hosts.set_link(host, True)
