@@ -705,7 +705,7 @@ def hosts_section() -> str:
       f"`python -m benchmarks.hosts` (`benchmarks/results/hosts.json`, "
       f"{d['machine']}). Placement: 2 hosts x 2 server tasks in network "
       "namespaces, each host's tasks pinned to one core of its own, links "
-      "between hosts shaped at the rate; `tfopt-calibrate --cluster` "
+      "between hosts shaped at the rate; `tfopt-calibrate --cluster=SPEC` "
       "measured both levels; a 256-512x4-10 MLP + Adam whose state does not "
       "fit one host's two tasks of 6 MB trained through `tfopt.compile("
       "placement=\"auto\")` from the client's place. Measured: the minimum "
