@@ -95,11 +95,10 @@ def _two_level_cluster(hosts: int, per_host: int, cap):
   from tfopt import Cluster  # pylint: disable=import-outside-toplevel
   from tfopt.cost.comm import CommModel, Link  # pylint: disable=import-outside-toplevel
   from tfopt.scale.hosts import INTER_HOST_LATENCY_US  # pylint: disable=import-outside-toplevel
-  between = Link(INTER_HOST_LATENCY_US, 1e9 / 8 / 1e9)
   num = hosts * per_host
-  pairs = {(a, b): between for a in range(num) for b in range(num)
-           if a // per_host != b // per_host}
-  return Cluster.uniform(num, cap, comm=CommModel(Link(), pairs=pairs))
+  return Cluster.uniform(num, cap, comm=CommModel.two_level(
+      [d // per_host for d in range(num)], Link(),
+      Link(INTER_HOST_LATENCY_US, 1e9 / 8 / 1e9)))
 
 
 def _scaling_rows(bar) -> list[dict]:

@@ -137,17 +137,15 @@ class Calibration:
     that link instead."""
     # Logical CPUs of one process hand tensors over without a copy; server
     # tasks copy through gRPC, whose work runs on the tasks' own cores.
-    pairs = {}
-    if hosts is not None and self.host_link is not None:
+    between = self.host_link
+    if hosts is None or between is None:
+      hosts, between = (), self.link  # one level
+    elif between.cpu_bandwidth_gbps is None:
       # The wire between hosts is slower than the cores: they process the
       # bytes at the rate measured inside a host.
-      between = self.host_link
-      if between.cpu_bandwidth_gbps is None:
-        between = dataclasses.replace(between, cpu_bandwidth_gbps=max(
-            between.bandwidth_gbps, self.link.bandwidth_gbps))
-      pairs = {(a, b): between for a in range(len(hosts))
-               for b in range(len(hosts)) if hosts[a] != hosts[b]}
-    return CommModel(self.link, pairs=pairs,
+      between = dataclasses.replace(between, cpu_bandwidth_gbps=max(
+          between.bandwidth_gbps, self.link.bandwidth_gbps))
+    return CommModel.two_level(hosts, self.link, between,
                      control_messages=self.control_messages,
                      shared_buffers=self.kind == "logical",
                      cpu_work=self.kind != "logical")

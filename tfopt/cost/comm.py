@@ -152,6 +152,21 @@ class CommModel:
     return link.transfer_us(nbytes)
 
   @classmethod
+  def two_level(cls, hosts, inside: Link, between: Link,
+                **kwargs) -> "CommModel":
+    """`inside` between devices of one host, `between` between devices
+    whose `hosts` (per device, any label of its host) differ; `kwargs`
+    as the constructor's.
+
+    >>> CommModel.two_level("aab", Link(1.0), Link(9.0)).link(1, 2).latency_us
+    9.0
+    """
+    hosts = list(hosts)
+    return cls(inside, pairs={
+        (a, b): between for a in range(len(hosts)) for b in range(len(hosts))
+        if hosts[a] != hosts[b]}, **kwargs)
+
+  @classmethod
   def uniform(cls, latency_us: float = PCIE_LATENCY_US,
               bandwidth_gbps: float = PCIE_BANDWIDTH_GBPS, *,
               overhead_us: float | None = None,

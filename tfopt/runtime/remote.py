@@ -183,9 +183,8 @@ def connected_spec() -> dict[str, list[str]] | None:
   return None if _CONNECTED is None else dict(_CONNECTED)
 
 
-def session_target(spec: Mapping[str, list[str]], device: str) -> str:
-  """The gRPC target of the task `device` names (a Session run there
-  reaches every task of the cluster)."""
+def task_address(spec: Mapping[str, list[str]], device: str) -> str:
+  """"host:port" of the task `device` names."""
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
   parsed = tf.DeviceSpec.from_string(device)
   addrs = spec.get(parsed.job or "", [])
@@ -193,7 +192,13 @@ def session_target(spec: Mapping[str, list[str]], device: str) -> str:
   if task >= len(addrs):
     raise invalid_argument("devices", f"devices of the cluster {dict(spec)}",
                            device)
-  return f"grpc://{addrs[task]}"
+  return addrs[task]
+
+
+def session_target(spec: Mapping[str, list[str]], device: str) -> str:
+  """The gRPC target of the task `device` names (a Session run there
+  reaches every task of the cluster)."""
+  return f"grpc://{task_address(spec, device)}"
 
 
 def task_hosts(spec: Mapping[str, list[str]], devices) -> list[str]:
@@ -204,8 +209,7 @@ def task_hosts(spec: Mapping[str, list[str]], devices) -> list[str]:
     if not is_remote(device):
       hosts.append("localhost")
       continue
-    address = session_target(spec, device)[len("grpc://"):]
-    hosts.append(address.rpartition(":")[0])
+    hosts.append(task_address(spec, device).rpartition(":")[0])
   return hosts
 
 

@@ -406,11 +406,9 @@ class LocalHosts:
     intra = intra if intra is not None else Link()
     if self.rate_bits is None:
       return CommModel(intra)
-    inter = Link(latency_us, self.rate_bits / 8 / 1e9)
-    tasks = range(len(self.spec[self.job]))
-    return CommModel(intra, pairs={
-        (a, b): inter for a in tasks for b in tasks
-        if self.host_of(a) != self.host_of(b)})
+    return CommModel.two_level(
+        [self.host_of(k) for k in range(len(self.spec[self.job]))], intra,
+        Link(latency_us, self.rate_bits / 8 / 1e9))
 
   def cluster(self, memory_bytes: int | None = None, *,
               comm: CommModel | None = None) -> Cluster:

@@ -541,7 +541,8 @@ class Launcher:
                         ("heartbeat_s", heartbeat_s),
                         ("heartbeat_timeout_s", heartbeat_timeout_s),
                         ("min_stuck_s", min_stuck_s),
-                        ("startup_timeout_s", startup_timeout_s)):
+                        ("startup_timeout_s", startup_timeout_s),
+                        ("partition_s", partition_s)):
       if isinstance(value, bool) or not isinstance(value, (int, float)) \
           or not value > 0:
         raise invalid_argument(name, "a positive number of seconds", value)
@@ -558,10 +559,6 @@ class Launcher:
                                            hosts.num_hosts < 2):
         raise invalid_argument("faults", f"{fault.kind} only on 2 or more "
                                f"hosts (`hosts`: a LocalHosts)", fault)
-    if isinstance(partition_s, bool) or not isinstance(
-        partition_s, (int, float)) or not partition_s > 0:
-      raise invalid_argument("partition_s", "a positive number of seconds",
-                             partition_s)
     # On `hosts` (tfopt.scale.hosts.LocalHosts) worker w runs in host
     # w // (workers / hosts)'s network namespace, at that host's address.
     self.hosts = hosts
