@@ -60,6 +60,8 @@ INTER_HOST_LATENCY_US = 200.0
 # Each host's tasks listen on BASE_PORT, BASE_PORT + 1, ... inside its own
 # namespace (a fresh port space: nothing else listens there).
 BASE_PORT = 2222
+# Nothing listens here: a connection is refused, which shows a host is up.
+_UNUSED_PORT = 1
 # A holder process: leaves for a network namespace of its own, asks the
 # kernel to kill it when its parent dies, says "ready" and sleeps.
 _HOLDER = (
@@ -226,6 +228,9 @@ class LocalHosts:
     self.caps: list[caps.MemoryCap] = []
     try:
       self._make_network()
+      # A new port joins the bridge once the kernel sees its carrier (up to
+      # a second later, under load longer): wait until every host answers.
+      self._wait_reachable(range(num_hosts), start_timeout)
       self._spawn(log_dir)
       self._wait_listening(start_timeout)
     except BaseException:
@@ -343,12 +348,27 @@ class LocalHosts:
     with netns.entered(self.host_fd(host)):
       return free_ports(count, host=self.addresses[host])
 
-  def set_link(self, host: int, up: bool) -> None:
+  def set_link(self, host: int, up: bool, timeout_s: float = 30.0) -> None:
     """Takes host `host`'s link to the fabric down (a partition: nothing
-    reaches it or leaves it) or brings it back up."""
+    reaches it or leaves it) or brings it back up; up returns once the host
+    answers again (TimeoutError after `timeout_s`)."""
     self.host_fd(host)  # checks `host`
     self._fabric.run("ip", "link", "set", f"h{host}",
                      "up" if up else "down")
+    if up:
+      self._wait_reachable([host], timeout_s)
+
+  def _wait_reachable(self, hosts, timeout_s: float) -> None:
+    """Waits until each of `hosts` answers from the client's place (a
+    refusal at an unused port is an answer)."""
+    deadline = time.monotonic() + timeout_s
+    for host in hosts:
+      while not self.reachable(host, _UNUSED_PORT):
+        if time.monotonic() > deadline:
+          raise TimeoutError(f"Host {host} ({self.addresses[host]}) did not "
+                             f"answer within {timeout_s} s of its link "
+                             f"coming up.")
+        time.sleep(0.05)
 
   def reachable(self, host: int, port: int, timeout_s: float = 0.5) -> bool:
     """Whether host `host` answers a connection to `port` from the client's
