@@ -49,11 +49,14 @@ lint: $(STAMP)
 # marked `serial` (measured times, pinned cores, heartbeat timeouts of
 # seconds) afterwards, alone. A family's compatibility cells and the tests
 # sharing one expensive fixture form xdist groups (--dist loadgroup).
+# --durations: the slowest tests of each pass, to keep the suite's time
+# in view.
 TEST_WORKERS ?= 2
 test: $(STAMP) lint
 	TF_CPP_MIN_LOG_LEVEL=2 $(PY) -m pytest -q --strict-skips \
-	    -n $(TEST_WORKERS) --dist loadgroup -m "not serial"
-	TF_CPP_MIN_LOG_LEVEL=2 $(PY) -m pytest -q --strict-skips -m serial
+	    -n $(TEST_WORKERS) --dist loadgroup -m "not serial" --durations=15
+	TF_CPP_MIN_LOG_LEVEL=2 $(PY) -m pytest -q --strict-skips -m serial \
+	    --durations=10
 
 docs: $(STAMP)
 	$(PY) tools/build_docs.py --out=build/docs

@@ -12,6 +12,18 @@ sampling and ranked with inherited weights after BatchNorm recalibration;
 Kendall tau-b against stand-alone test accuracy; the one-shot top-3
 retrained; random search at the same compute; the steering check.
 Prints a table and writes benchmarks/results/nas.json and nas.png.
+
+    python -m benchmarks.nas --part=ranking      # ~20 min on 2 CPUs
+
+The ranking part judges one-shot ranking methods on a space no method was
+tuned on (`HELD_OUT`: the stage x block template on the digits, 81
+sub-graphs): per seed, `RANKING_ARCHS` sub-graphs drawn uniformly are each
+trained stand-alone twice (`tfopt.nas.rank_quality`); super-networks
+trained for 1x and 2x the one-shot steps (1/16 of the space's exhaustive
+steps) rank all 81 by validation accuracy and by log-likelihood; Kendall
+tau against the mean of the two trainings, against one, and the noise
+ceiling (one training against the other), with each method's search time.
+Writes benchmarks/results/nas_ranking.json.
 """
 
 from __future__ import annotations
@@ -36,6 +48,15 @@ flags.DEFINE_bool("reuse", False, "Reuse the stand-alone tables of the "
                   "the 64 sub-graphs again.")
 flags.DEFINE_string("out", None, "JSON path (default: results/nas.json).")
 flags.DEFINE_bool("replot", False, "Only redraw the plot of --out.")
+flags.DEFINE_enum("part", "search", ["search", "ranking"],
+                  "search: one-shot vs exhaustive on tiny64; ranking: tau "
+                  "per ranking method on the held-out space.")
+
+RANKING_ARCHS = 16
+RANKING_REPEATS = 2
+# The method the ranking part recommends (chosen on tiny64, judged here).
+RANKING_METHOD = "log_likelihood@2x"
+RANKING_BASELINE = "accuracy@1x"
 
 RESULTS = os.path.join(os.path.dirname(__file__), "results")
 
@@ -71,8 +92,87 @@ def _plot(results, path):
   plt.close(fig)
 
 
+def held_out_space():
+  """The ranking part's space, never used to choose a method: the stage x
+  block template on the 8x8 digits, two stages of one block each."""
+  from tfopt.nas import stage_block  # pylint: disable=import-outside-toplevel
+  return stage_block(input_shape=(8, 8, 1), num_classes=10, stages=2,
+                     blocks=1, filters=(16, 32))
+
+
+def ranking_part(seeds, epochs, fraction, out):
+  """The ranking part (module doc): prints the tau table, writes `out`."""
+  import math  # pylint: disable=import-outside-toplevel
+  from tfopt.nas.data import digits  # pylint: disable=import-outside-toplevel
+  from tfopt.nas.rank_quality import (judge, rank_methods, sample_archs,  # pylint: disable=import-outside-toplevel
+                                      truth_table)
+  space = held_out_space()
+  archs = sample_archs(space, RANKING_ARCHS, seed=0)
+  per_seed = []
+  for seed in seeds:
+    split = digits(seed)
+    print(f"seed {seed}: {RANKING_ARCHS} sub-graphs x {RANKING_REPEATS} "
+          "stand-alone trainings")
+    rows = truth_table(space, archs, split, epochs=epochs, seed=seed,
+                       repeats=RANKING_REPEATS)
+    steps = math.ceil(space.size * rows[0]["steps"] / fraction)
+    print(f"seed {seed}: super-networks of {steps} and {2 * steps} steps")
+    methods = rank_methods(space, split, steps, seed=seed)
+    per_seed.append({
+        "seed": seed, "truth": rows, "oneshot_steps": steps,
+        "methods": {name: {**judge(m["scores"], rows),
+                           **{k: m[k] for k in ("steps", "train_s",
+                                                "rank_s", "search_s")},
+                           "scores": [{"arch": list(a), "score": v}
+                                      for a, v in m["scores"].items()]}
+                    for name, m in methods.items()}})
+  names = list(per_seed[0]["methods"])
+  base_s = {r["seed"]: r["methods"][RANKING_BASELINE]["search_s"]
+            for r in per_seed}
+  print(f"\n{'method':<20} " + " ".join(f"{'tau s' + str(r['seed']):>8}"
+                                         for r in per_seed)
+        + f" {'single':>7} {'ceiling':>7} {'time x':>7}")
+  summary = {}
+  for name in names:
+    rows = [r["methods"][name] for r in per_seed]
+    summary[name] = {
+        "tau": [m["tau"] for m in rows],
+        "tau_single": [m["tau_single"] for m in rows],
+        "noise_ceiling": [m["noise_ceiling"] for m in rows],
+        "time_ratio": max(m["search_s"] / base_s[r["seed"]]
+                          for m, r in zip(rows, per_seed))}
+    s = summary[name]
+    print(f"{name:<20} " + " ".join(f"{t:8.3f}" for t in s["tau"])
+          + f" {min(s['tau_single']):7.3f} {max(s['noise_ceiling']):7.3f}"
+          f" {s['time_ratio']:7.2f}")
+  print("(tau: Kendall tau-b vs the mean of the stand-alone trainings; "
+        "single: the lowest vs one training; ceiling: the highest of one "
+        "training vs the other; time x: the largest search time over the "
+        f"{RANKING_BASELINE} baseline's)")
+  goal = summary[RANKING_METHOD]
+  goals = {"tau>=0.8 on every seed": min(goal["tau"]) >= 0.8,
+           "search time <= 2x": goal["time_ratio"] <= 2.0,
+           "beats the baseline on every seed": all(
+               a > b for a, b in zip(goal["tau"],
+                                     summary[RANKING_BASELINE]["tau"]))}
+  print(f"{RANKING_METHOD}: " + ", ".join(
+      f"{k}: {'met' if ok else 'NOT met'}" for k, ok in goals.items()))
+  with open(out, "w", encoding="utf-8") as f:
+    json.dump({"benchmark": "nas_ranking", "space": space.to_dict(),
+               "held_out_archs": [list(a) for a in archs],
+               "repeats": RANKING_REPEATS, "epochs": epochs,
+               "fraction": fraction, "method": RANKING_METHOD,
+               "baseline": RANKING_BASELINE, "summary": summary,
+               "goals": goals, "seeds": per_seed}, f, indent=1)
+  print(f"wrote {out}")
+
+
 def main(argv):
   del argv
+  if FLAGS.part == "ranking":
+    ranking_part([int(s) for s in FLAGS.seeds], FLAGS.epochs, FLAGS.fraction,
+                 FLAGS.out or os.path.join(RESULTS, "nas_ranking.json"))
+    return
   from tfopt.nas import tiny64  # pylint: disable=import-outside-toplevel
   from tfopt.nas.benchmark import goals, run_seed  # pylint: disable=import-outside-toplevel
   out = FLAGS.out or os.path.join(RESULTS, "nas.json")

@@ -57,12 +57,20 @@ def test_exhaustive_ranking_and_components(trained):
       net.space.enumerate(allowed))
   values = [s for _, s in ranking.scores]
   assert values == sorted(values, reverse=True)
-  # Each score is the accuracy of that path after recalibration.
+  # Each score is, by default, the mean log-probability of the true class
+  # on that path after recalibration; with score="accuracy" its accuracy.
+  assert ranking.score == "log_likelihood"
+  by_accuracy = dict(rank(net, x_cal, x_val, y_val, allowed=allowed,
+                          verbose=0, score="accuracy").scores)
   arch, best = ranking.scores[0]
   net.set_arch(arch)
   recalibrate_batchnorm(net, x_cal)
-  logits = np.asarray(net(x_val, training=False))
-  assert best == pytest.approx((logits.argmax(-1) == y_val).mean())
+  logits = np.asarray(net(x_val, training=False), np.float64)
+  logp = logits - logits.max(-1, keepdims=True)
+  logp -= np.log(np.exp(logp).sum(-1, keepdims=True))
+  assert best == pytest.approx(logp[np.arange(len(y_val)), y_val].mean())
+  assert by_accuracy[arch] == pytest.approx(
+      (logits.argmax(-1) == y_val).mean())
   mean, count = ranking.components[("layer2", "maxpool")]
   hits = [s for a, s in ranking.scores if a[2] == "maxpool"]
   assert count == 4 and mean == pytest.approx(np.mean(hits))

@@ -1,0 +1,123 @@
+"""How far a one-shot ranking holds up: Kendall tau against stand-alone
+training on sub-graphs it was not tuned on, beside the ground truth's own
+noise.
+
+One stand-alone training is itself a noisy measurement of a sub-graph: on a
+few hundred test images, two trainings of the same sub-graph from different
+initializations differ by about as much as close sub-graphs do. So the
+truth here is each sub-graph trained `repeats` times (initialization and
+shuffling seeds `seed + 1000 * r`; repeat 0 is `train_standalone`'s own
+recipe), scored by its mean test accuracy, and the **noise ceiling** is the
+tau between two repeats: how well one stand-alone training ranks another.
+A one-shot ranking is judged against the mean and, for comparison with
+earlier numbers, against repeat 0 alone.
+
+- `sample_archs(space, count, seed)`: `count` distinct sub-graphs drawn
+  uniformly (the held-out set), in enumeration order.
+- `truth_table(space, archs, split, ...)`: rows {arch, test, val, steps,
+  params} with one entry per repeat in `test` and `val`.
+- `judge(scores, rows)`: tau against the mean, against repeat 0, and the
+  noise ceiling.
+"""
+
+from __future__ import annotations
+
+import keras
+import numpy as np
+
+from tfopt._errors import check_positive_int, invalid_argument
+from tfopt.nas.search import kendall_tau, train_standalone
+from tfopt.nas.space import SearchSpace
+
+REPEAT_SEED_STRIDE = 1000
+
+
+def sample_archs(space: SearchSpace, count: int, seed: int = 0) -> list:
+  """`count` distinct architectures of `space` drawn uniformly with `seed`,
+  in the space's enumeration order."""
+  check_positive_int("count", count)
+  if count > space.size:
+    raise invalid_argument("count", f"at most the space's {space.size} "
+                           "sub-graphs", count)
+  rng = np.random.default_rng(seed)
+  picked = sorted(rng.choice(space.size, size=count, replace=False))
+  return [space.arch_at(int(i)) for i in picked]
+
+
+def truth_table(space: SearchSpace, archs, split, epochs: int = 15,
+                seed: int = 0, repeats: int = 2, verbose: int = 1) -> list:
+  """Each of `archs` trained stand-alone `repeats` times on `split` (see
+  the module doc): rows {arch, test: [..], val: [..], steps, params}."""
+  check_positive_int("repeats", repeats)
+  archs = [space.check_arch(a) for a in archs]
+  if len(set(archs)) != len(archs) or len(archs) < 2:
+    raise invalid_argument("archs", "at least 2 distinct architectures",
+                           archs)
+  bar = keras.utils.Progbar(len(archs) * repeats, unit_name="training",
+                            verbose=verbose) if verbose else None
+  rows = []
+  for arch in archs:
+    runs = []
+    for r in range(repeats):
+      runs.append(train_standalone(space, arch, split, epochs=epochs,
+                                   seed=seed + REPEAT_SEED_STRIDE * r))
+      if bar is not None:
+        bar.add(1)
+    rows.append({"arch": list(arch),
+                 "test": [x.test_accuracy for x in runs],
+                 "val": [x.val_accuracy for x in runs],
+                 "steps": runs[0].steps, "params": runs[0].params})
+  return rows
+
+
+def judge(scores, rows) -> dict:
+  """Kendall tau-b of one-shot `scores` ({arch: score}, higher is better;
+  every row's arch must be scored) against `rows` of `truth_table`:
+  {"tau": vs the mean over repeats, "tau_single": vs repeat 0,
+  "noise_ceiling": repeat 0 vs repeat 1 (None with one repeat)}."""
+  scores = {tuple(a): s for a, s in dict(scores).items()}
+  missing = [r["arch"] for r in rows if tuple(r["arch"]) not in scores]
+  if missing:
+    raise invalid_argument("scores", "a score for every row's "
+                           f"architecture (missing {missing[:3]})",
+                           f"{len(scores)} scores")
+  oneshot = [scores[tuple(r["arch"])] for r in rows]
+  tests = np.array([r["test"] for r in rows], np.float64)
+  return {
+      "tau": kendall_tau(oneshot, tests.mean(axis=1)),
+      "tau_single": kendall_tau(oneshot, tests[:, 0]),
+      "noise_ceiling": (kendall_tau(tests[:, 0], tests[:, 1])
+                        if tests.shape[1] > 1 else None),
+  }
+
+
+def rank_methods(space: SearchSpace, split, steps: int, seed: int = 0,
+                 multiples=(1, 2), scores=("accuracy", "log_likelihood"),
+                 calibration: int = 500, max_exhaustive: int = 256) -> dict:
+  """The one-shot methods compared by the NAS benchmark: for each multiple
+  m, a super-network trained for m * `steps` steps (uniform single path),
+  every admitted sub-graph ranked under each of `scores`. Returns
+  {f"{score}@{m}x": {"scores": {arch: score}, "steps", "train_s",
+  "rank_s", "search_s"}}; search_s = train_s + rank_s (wall seconds)."""
+  # Imported here: ranking pulls in the super-network's Keras layers.
+  import time  # pylint: disable=import-outside-toplevel
+  from tfopt.nas.ranking import rank  # pylint: disable=import-outside-toplevel
+  from tfopt.nas.search import train_supernet  # pylint: disable=import-outside-toplevel
+  check_positive_int("steps", steps)
+  x_cal = split.x_train[:calibration]
+  methods = {}
+  for m in multiples:
+    check_positive_int("multiples[i]", m)
+    began = time.perf_counter()
+    net, _, sampler = train_supernet(space, split, m * steps, seed=seed)
+    train_s = time.perf_counter() - began
+    for score in scores:
+      began = time.perf_counter()
+      ranking = rank(net, x_cal, split.x_val, split.y_val, verbose=0,
+                     max_exhaustive=max_exhaustive, score=score)
+      rank_s = time.perf_counter() - began
+      methods[f"{score}@{m}x"] = {
+          "scores": {tuple(a): s for a, s in ranking.scores},
+          "steps": sum(sampler.counts.values()), "train_s": train_s,
+          "rank_s": rank_s, "search_s": train_s + rank_s}
+  return methods
