@@ -144,6 +144,11 @@ def main(argv):
   import keras  # pylint: disable=import-outside-toplevel
   out = {"benchmark": "hosts",
          "machine": f"{platform.machine()}, {os.cpu_count()} cpus"}
+  if os.path.exists(FLAGS.out):  # the parts not run now stay as they were
+    with open(FLAGS.out, encoding="utf-8") as f:
+      kept = json.load(f)
+    out.update({part: kept[part] for part in ("placement", "scaling")
+                if part in kept and part not in FLAGS.parts})
   if "placement" in FLAGS.parts:
     bar = keras.utils.Progbar(len(FLAGS.rates), unit_name="rate")
     out["placement"] = []

@@ -138,8 +138,23 @@ def test_a_calibration_across_hosts_charges_each_pair_by_its_link(tmp_path):
     assert comm.link(a, b).cpu_us(100_000) == pytest.approx(200.0 + 100.0)
   # Hosts on cores of their own: a sharing group per host.
   assert cluster.sharing.groups == (0, 0, 1, 1)
+  assert cluster.sharing.capacity == 1.2
   shared = dataclasses.replace(made, hosts_share_cores=True)
   assert shared.sharing(4, hosts).groups == (0, 0, 0, 0)
+  # Hosts on one machine's cores, two hosts' tasks measured 1.6 side by
+  # side: one group of that capacity (one host's own 1.2 without hosts).
+  measured = dataclasses.replace(shared, hosts_capacity=1.6)
+  assert measured.sharing(4, hosts).capacity == 1.6
+  assert measured.sharing(4).capacity == 1.2
+  assert dataclasses.replace(shared, hosts_capacity=1.0).sharing(
+      4, hosts).capacity == 1.2
+  assert "side by side 1.60 (shared cores)" in measured.describe()
+  measured.save(tmp_path / "m.json")
+  assert cal.load_calibration(tmp_path / "m.json") == measured
+  with pytest.raises(ValueError, match=r"Argument `hosts_capacity` must be "
+                     r"a number in \[1, 2\] or None.*Received: "
+                     r"hosts_capacity=2.5"):
+    dataclasses.replace(measured, hosts_capacity=2.5)
   # Without hosts, or without a host link: one level.
   assert made.comm().pairs == {} and _calibration().comm(hosts).pairs == {}
   with pytest.raises(ValueError, match="`hosts`"):

@@ -91,6 +91,10 @@ class Calibration:
     hosts_share_cores: tasks of different hosts compute on the same cores
       (hosts of `tfopt.scale.hosts.LocalHosts`, all on this machine) rather
       than each host on cores of its own.
+    hosts_capacity: ops of two tasks on different hosts that run side by
+      side unslowed, as measured (in [1, 2]; None: not measured). Where
+      hosts share cores, all tasks form one sharing group of this capacity
+      (at least `capacity`).
     machine, tensorflow, created: where, with what and when (UTC ISO).
     fit: the measurements' residuals and raw numbers, for the report.
     path: the file it was loaded from (not saved).
@@ -107,6 +111,7 @@ class Calibration:
   inter_op_threads: int | None = None
   host_link: Link | None = None
   hosts_share_cores: bool = True
+  hosts_capacity: float | None = None
   machine: dict = dataclasses.field(default_factory=machine_fingerprint)
   tensorflow: str = dataclasses.field(default_factory=_tensorflow_version)
   created: str = dataclasses.field(default_factory=lambda: (
@@ -128,6 +133,12 @@ class Calibration:
     if isinstance(self.capacity, bool) or not isinstance(
         self.capacity, (int, float)) or not self.capacity >= 1:
       raise invalid_argument("capacity", "a number >= 1", self.capacity)
+    if self.hosts_capacity is not None and (
+        isinstance(self.hosts_capacity, bool) or not isinstance(
+            self.hosts_capacity, (int, float)) or
+        not 1 <= self.hosts_capacity <= 2):
+      raise invalid_argument("hosts_capacity", "a number in [1, 2] or None",
+                             self.hosts_capacity)
 
   # -- What it means for a cluster --
 
@@ -175,7 +186,14 @@ class Calibration:
       return ComputeSharing(tuple(ids[h] for h in hosts), self.capacity,
                             threads)
     if self.shared:
-      return ComputeSharing.shared(num_devices, self.capacity, threads)
+      capacity = self.capacity
+      if hosts is not None and self.hosts_capacity is not None:
+        # Tasks of different hosts on the same machine: one group, as
+        # much side by side as two hosts' tasks were measured to run (a
+        # host pinned to a core of its own next to another: more than
+        # one host's tasks on their shared core).
+        capacity = max(capacity, self.hosts_capacity)
+      return ComputeSharing.shared(num_devices, capacity, threads)
     return ComputeSharing.alone(num_devices, threads)
 
   def cluster(self, device_names: Sequence[str],
@@ -228,6 +246,10 @@ class Calibration:
     if self.host_link is not None:
       line_between = (f"; between hosts {self.host_link.latency_us:.0f} us, "
                       f"{self.host_link.bandwidth_gbps:.3g} GB/s")
+      if self.hosts_capacity is not None:
+        line_between += (f", side by side {self.hosts_capacity:.2f} "
+                         f"({'shared' if self.hosts_share_cores else 'own'}"
+                         " cores)")
     else:
       line_between = ""
     line = (f"calibrated {self.kind} x{self.num_devices} ({where}, "
@@ -257,6 +279,7 @@ class Calibration:
             "host_link": None if self.host_link is None else _link_json(
                 self.host_link),
             "hosts_share_cores": self.hosts_share_cores,
+            "hosts_capacity": self.hosts_capacity,
             "machine": self.machine, "tensorflow": self.tensorflow,
             "created": self.created, "fit": self.fit}
 
@@ -294,6 +317,7 @@ def from_json(doc: Any, *, path: str | None = None) -> Calibration:
         link=_link_from(doc["link"]),
         host_link=None if host_link is None else _link_from(host_link),
         hosts_share_cores=bool(doc.get("hosts_share_cores", True)),
+        hosts_capacity=doc.get("hosts_capacity"),
         control_messages=bool(doc["control_messages"]),
         capacity=doc["capacity"], shared=bool(doc["shared"]),
         op_overhead_us=float(doc["op_overhead_us"]),

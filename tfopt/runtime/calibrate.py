@@ -345,5 +345,6 @@ def calibrate_hosts(names: Sequence[str], hosts: Sequence[str], *,
       one_host, num_devices=len(names),
       host_link=host_link,
       hosts_share_cores=capacity < APART_CAPACITY,
+      hosts_capacity=capacity,
       fit={**one_host.fit, "between_hosts": {
           **host_fit, "capacity_measured": capacity}})
