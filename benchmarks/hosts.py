@@ -147,8 +147,11 @@ def main(argv):
   if os.path.exists(FLAGS.out):  # the parts not run now stay as they were
     with open(FLAGS.out, encoding="utf-8") as f:
       kept = json.load(f)
-    out.update({part: kept[part] for part in ("placement", "scaling")
-                if part in kept and part not in FLAGS.parts})
+    kept = {part: kept[part] for part in ("placement", "scaling")
+            if part in kept and part not in FLAGS.parts}
+    out.update(kept)
+    if kept:  # measured by an earlier run, maybe on another machine
+      out["kept_from_earlier_run"] = sorted(kept)
   if "placement" in FLAGS.parts:
     bar = keras.utils.Progbar(len(FLAGS.rates), unit_name="rate")
     out["placement"] = []

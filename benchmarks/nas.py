@@ -16,13 +16,14 @@ Prints a table and writes benchmarks/results/nas.json and nas.png.
     python -m benchmarks.nas --part=ranking      # ~20 min on 2 CPUs
 
 The ranking part judges one-shot ranking methods on a space no method was
-tuned on (`HELD_OUT`: the stage x block template on the digits, 81
-sub-graphs): per seed, `RANKING_ARCHS` sub-graphs drawn uniformly are each
-trained stand-alone twice (`tfopt.nas.rank_quality`); super-networks
+tuned on (`held_out_space`: the stage x block template on the digits, 81
+sub-graphs): `RANKING_ARCHS` sub-graphs drawn uniformly once, per seed
+each trained stand-alone twice (`tfopt.nas.rank_quality`); super-networks
 trained for 1x and 2x the one-shot steps (1/16 of the space's exhaustive
 steps) rank all 81 by validation accuracy and by log-likelihood; Kendall
-tau against the mean of the two trainings, against one, and the noise
-ceiling (one training against the other), with each method's search time.
+tau against the mean of the two trainings, against one, and the
+repeatability (one training against the other), with each method's search
+time. The same 16 sub-graphs (drawn once) are judged on every seed.
 Writes benchmarks/results/nas_ranking.json.
 """
 
@@ -131,22 +132,22 @@ def ranking_part(seeds, epochs, fraction, out):
             for r in per_seed}
   print(f"\n{'method':<20} " + " ".join(f"{'tau s' + str(r['seed']):>8}"
                                          for r in per_seed)
-        + f" {'single':>7} {'ceiling':>7} {'time x':>7}")
+        + f" {'single':>7} {'repeat':>7} {'time x':>7}")
   summary = {}
   for name in names:
     rows = [r["methods"][name] for r in per_seed]
     summary[name] = {
         "tau": [m["tau"] for m in rows],
         "tau_single": [m["tau_single"] for m in rows],
-        "noise_ceiling": [m["noise_ceiling"] for m in rows],
+        "repeatability": [m["repeatability"] for m in rows],
         "time_ratio": max(m["search_s"] / base_s[r["seed"]]
                           for m, r in zip(rows, per_seed))}
     s = summary[name]
     print(f"{name:<20} " + " ".join(f"{t:8.3f}" for t in s["tau"])
-          + f" {min(s['tau_single']):7.3f} {max(s['noise_ceiling']):7.3f}"
+          + f" {min(s['tau_single']):7.3f} {max(s['repeatability']):7.3f}"
           f" {s['time_ratio']:7.2f}")
   print("(tau: Kendall tau-b vs the mean of the stand-alone trainings; "
-        "single: the lowest vs one training; ceiling: the highest of one "
+        "single: the lowest vs one training; repeat: the highest of one "
         "training vs the other; time x: the largest search time over the "
         f"{RANKING_BASELINE} baseline's)")
   goal = summary[RANKING_METHOD]

@@ -5,8 +5,8 @@ maxpool, skip}), a short super-network training: the smallest run.
         --mode=search --run_dir=/tmp/nas
 
 Expected (2-core CPU, about 20 s; seed 0): 64 sub-graphs ranked by one-shot
-validation accuracy, the top one conv5 > maxpool > maxpool (#26, about
-0.80); /tmp/nas/report.html with the scatterplot. Steer it (--mode=steer
+validation log-likelihood, the top one conv5 > maxpool > maxpool (#26,
+about -1.2); /tmp/nas/report.html with the scatterplot. Steer it (--mode=steer
 --remove=layer0:skip, --select=26,27,30) and continue with --resume.
 """
 

@@ -1,5 +1,5 @@
 """Judging a one-shot ranking (tfopt.nas.rank_quality): tau against the
-mean of repeated stand-alone trainings and against one, the noise ceiling,
+mean of repeated stand-alone trainings and against one, the repeatability,
 by SciPy and by hand; the truth table's repeats are `train_standalone`'s
 own recipe at the documented seeds; the compared methods' super-networks
 run the asked steps and rank every sub-graph."""
@@ -20,7 +20,7 @@ def _rows(tests):
   return [{"arch": [f"op{i}"], "test": list(t)} for i, t in enumerate(tests)]
 
 
-def test_judge_against_the_mean_one_training_and_the_ceiling():
+def test_judge_against_the_mean_one_training_and_the_repeatability():
   # Two trainings of 5 sub-graphs; the mean orders them 0 < 1 < 2 < 3 < 4.
   tests = [(0.50, 0.60), (0.70, 0.62), (0.66, 0.80), (0.80, 0.78),
            (0.90, 0.88)]
@@ -35,14 +35,14 @@ def test_judge_against_the_mean_one_training_and_the_ceiling():
   scores = [oneshot[(f"op{i}",)] for i in range(5)]
   assert got["tau_single"] == pytest.approx(
       stats.kendalltau(scores, first).statistic)
-  assert got["noise_ceiling"] == pytest.approx(
+  assert got["repeatability"] == pytest.approx(
       stats.kendalltau(first, second).statistic)
-  # One repeat: no ceiling; a perfect ranking: tau 1.
+  # One repeat: no repeatability; a perfect ranking: tau 1.
   single = [{"arch": r["arch"], "test": r["test"][:1]} for r in rows]
   perfect = {("op0",): 0, ("op1",): 2, ("op2",): 1, ("op3",): 3,
              ("op4",): 4}
   assert judge(perfect, single) == {"tau": 1.0, "tau_single": 1.0,
-                                    "noise_ceiling": None}
+                                    "repeatability": None}
 
 
 def test_judge_names_an_unscored_architecture():
@@ -115,3 +115,16 @@ def test_rank_methods_train_the_asked_steps_and_rank_every_sub_graph():
       assert np.allclose(values * 100, np.round(values * 100))
     else:
       assert np.all(values < 0)  # mean log-probabilities
+
+
+def test_rank_methods_check_their_arguments_before_training():
+  space = _small_space()
+  split = digits(1, train=64, val=100)
+  with pytest.raises(ValueError, match=r"Argument `scores` must be names "
+                     r"from \('accuracy', 'log_likelihood'\).*perplexity"):
+    rank_methods(space, split, steps=2, scores=("perplexity",))
+  with pytest.raises(ValueError, match=r"Argument `multiples` must be "
+                     r"distinct positive integers"):
+    rank_methods(space, split, steps=2, multiples=(1, 1))
+  with pytest.raises(ValueError, match=r"Argument `multiples\[i\]`"):
+    rank_methods(space, split, steps=2, multiples=(0,))

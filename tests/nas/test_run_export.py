@@ -49,7 +49,7 @@ def test_run_dir_round_trip(tmp_path, net):
     np.testing.assert_array_equal(a.numpy(), b.numpy())
   archs = list(space.enumerate())[:5]
   ranking = Ranking([(a, 0.1 * i) for i, a in enumerate(archs)][::-1],
-                    {("layer0", "conv3"): (0.2, 5)})
+                    {("layer0", "conv3"): (0.2, 5)}, score="accuracy")
   run.write_ranking(ranking, space)
   read = run.ranking(space)
   assert read.scores == ranking.scores

@@ -237,7 +237,6 @@ def test_a_model_placed_across_two_hosts_trains_as_keras(tmp_path):
   assert 0.06 < between["bandwidth_gbps"] < 0.19, between
   assert inside["bandwidth_gbps"] > 2.5 * between["bandwidth_gbps"], made
   assert made["hosts_share_cores"]  # all on this machine's cores
-  assert 1.0 <= made["hosts_capacity"] < 1.8, made["fit"]
   assert "between hosts" in out["cluster"]
   np.testing.assert_allclose(out["placed"], out["plain"], rtol=1e-5)
   hosts_used = {hosts.host_of(int(d.split("task:")[1].split("/")[0]))

@@ -47,7 +47,8 @@ class SubgraphRanker(keras.callbacks.Callback):
     **rank_kwargs: passed to `tfopt.nas.rank` (strategy, samples, ...).
 
   `ranking` is the latest `Ranking`; `rankings` lists (epoch, Ranking);
-  the top score is added to the epoch logs as `oneshot_top1`.
+  the top score is added to the epoch logs as `oneshot_top1` (in the
+  ranking's score: a mean log-probability, <= 0, by default).
   """
 
   def __init__(self, x_cal, x_val, y_val, every_n_epochs: int = 0,

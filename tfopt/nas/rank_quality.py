@@ -7,17 +7,18 @@ few hundred test images, two trainings of the same sub-graph from different
 initializations differ by about as much as close sub-graphs do. So the
 truth here is each sub-graph trained `repeats` times (initialization and
 shuffling seeds `seed + 1000 * r`; repeat 0 is `train_standalone`'s own
-recipe), scored by its mean test accuracy, and the **noise ceiling** is the
-tau between two repeats: how well one stand-alone training ranks another.
-A one-shot ranking is judged against the mean and, for comparison with
-earlier numbers, against repeat 0 alone.
+recipe), scored by its mean test accuracy, and the **repeatability** is
+the tau between two repeats: how well one stand-alone training ranks
+another. A one-shot ranking is judged against the mean and against repeat
+0 alone (the footing of the repeatability: not a ceiling, a ranking can
+agree with one training better than a second training does).
 
 - `sample_archs(space, count, seed)`: `count` distinct sub-graphs drawn
   uniformly (the held-out set), in enumeration order.
 - `truth_table(space, archs, split, ...)`: rows {arch, test, val, steps,
   params} with one entry per repeat in `test` and `val`.
 - `judge(scores, rows)`: tau against the mean, against repeat 0, and the
-  noise ceiling.
+  repeatability.
 """
 
 from __future__ import annotations
@@ -74,7 +75,7 @@ def judge(scores, rows) -> dict:
   """Kendall tau-b of one-shot `scores` ({arch: score}, higher is better;
   every row's arch must be scored) against `rows` of `truth_table`:
   {"tau": vs the mean over repeats, "tau_single": vs repeat 0,
-  "noise_ceiling": repeat 0 vs repeat 1 (None with one repeat)}."""
+  "repeatability": repeat 0 vs repeat 1 (None with one repeat)}."""
   scores = {tuple(a): s for a, s in dict(scores).items()}
   missing = [r["arch"] for r in rows if tuple(r["arch"]) not in scores]
   if missing:
@@ -86,7 +87,7 @@ def judge(scores, rows) -> dict:
   return {
       "tau": kendall_tau(oneshot, tests.mean(axis=1)),
       "tau_single": kendall_tau(oneshot, tests[:, 0]),
-      "noise_ceiling": (kendall_tau(tests[:, 0], tests[:, 1])
+      "repeatability": (kendall_tau(tests[:, 0], tests[:, 1])
                         if tests.shape[1] > 1 else None),
   }
 
@@ -96,18 +97,27 @@ def rank_methods(space: SearchSpace, split, steps: int, seed: int = 0,
                  calibration: int = 500, max_exhaustive: int = 256) -> dict:
   """The one-shot methods compared by the NAS benchmark: for each multiple
   m, a super-network trained for m * `steps` steps (uniform single path),
-  every admitted sub-graph ranked under each of `scores`. Returns
+  ranked under each of `scores` (`tfopt.nas.rank`: every sub-graph up to
+  `max_exhaustive` of them, else those evolution visits). Returns
   {f"{score}@{m}x": {"scores": {arch: score}, "steps", "train_s",
   "rank_s", "search_s"}}; search_s = train_s + rank_s (wall seconds)."""
   # Imported here: ranking pulls in the super-network's Keras layers.
   import time  # pylint: disable=import-outside-toplevel
   from tfopt.nas.ranking import rank  # pylint: disable=import-outside-toplevel
   from tfopt.nas.search import train_supernet  # pylint: disable=import-outside-toplevel
+  from tfopt.nas.ranking import SCORES  # pylint: disable=import-outside-toplevel
   check_positive_int("steps", steps)
+  multiples, scores = tuple(multiples), tuple(scores)
+  for m in multiples:
+    check_positive_int("multiples[i]", m)
+  if not multiples or len(set(multiples)) != len(multiples):
+    raise invalid_argument("multiples", "distinct positive integers",
+                           multiples)
+  if not scores or any(s not in SCORES for s in scores):
+    raise invalid_argument("scores", f"names from {tuple(SCORES)}", scores)
   x_cal = split.x_train[:calibration]
   methods = {}
   for m in multiples:
-    check_positive_int("multiples[i]", m)
     began = time.perf_counter()
     net, _, sampler = train_supernet(space, split, m * steps, seed=seed)
     train_s = time.perf_counter() - began

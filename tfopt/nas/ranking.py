@@ -1,6 +1,7 @@
 """Ranking sub-graphs of a trained `SuperNet` with inherited weights.
 
-Each candidate architecture is scored by validation accuracy with the shared
+Each candidate architecture is scored on validation data (by default the
+mean log-probability of the true class; or accuracy) with the shared
 weights, after **recalibrating BatchNorm** on calibration data: the moving
 statistics the super-network accumulated mix every path that was sampled,
 so without recalibration the ranking is garbage. Recalibration resets the
@@ -32,7 +33,7 @@ from tfopt._errors import check_positive_int, invalid_argument
 class Ranking:
   """Scores of the ranked sub-graphs, best first, and component fitness
   {(layer, op): (mean score, count)}."""
-  scores: list  # [(arch, accuracy)]
+  scores: list  # [(arch, score)]: `score` names which
   components: dict
   strategy: str = "exhaustive"
   score: str = "log_likelihood"

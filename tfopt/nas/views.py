@@ -7,8 +7,8 @@ deterministic 2-D projection of the architecture encodings: classical MDS
 on the Hamming distance between architectures (the number of layers whose
 op differs), i.e. the top two eigenvectors of the double-centred squared
 distances, each eigenvector's sign fixed so that its largest-magnitude
-entry is positive. Colour is the one-shot score (validation accuracy, or
-the log-likelihood with `rank(score="log_likelihood")`) on a diverging scale
+entry is positive. Colour is the one-shot score (validation log-likelihood,
+`rank`'s default, or accuracy with `rank(score="accuracy")`) on a diverging scale
 centred on the median score; grey = not evaluated yet; a cross marks a
 sub-graph the constraints exclude (removed op, outside the region, over the
 limits) and a diamond one that satisfies every lock. In the HTML file a

@@ -348,14 +348,15 @@ class LocalHosts:
     with netns.entered(self.host_fd(host)):
       return free_ports(count, host=self.addresses[host])
 
-  def set_link(self, host: int, up: bool, timeout_s: float = 30.0) -> None:
+  def set_link(self, host: int, up: bool, timeout_s: float = 30.0,
+               wait: bool = True) -> None:
     """Takes host `host`'s link to the fabric down (a partition: nothing
-    reaches it or leaves it) or brings it back up; up returns once the host
-    answers again (TimeoutError after `timeout_s`)."""
+    reaches it or leaves it) or brings it back up; up with `wait` returns
+    once the host answers again (TimeoutError after `timeout_s`)."""
     self.host_fd(host)  # checks `host`
     self._fabric.run("ip", "link", "set", f"h{host}",
                      "up" if up else "down")
-    if up:
+    if up and wait:
       self._wait_reachable([host], timeout_s)
 
   def _wait_reachable(self, hosts, timeout_s: float) -> None:

@@ -711,7 +711,9 @@ class Launcher:
       if in_main:
         signal.signal(signal.SIGTERM, previous)
       for host in list(self.down_until):  # the hosts are the caller's
-        self.hosts.set_link(host, True)
+        # No wait here: a host slow to answer must neither hide the
+        # exception on its way out nor leave the other links down.
+        self.hosts.set_link(host, True, wait=False)
       self.down_until.clear()
 
   def _on_sigterm(self, signum, frame):  # pylint: disable=unused-argument
