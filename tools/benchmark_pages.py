@@ -387,8 +387,7 @@ def nas_ranking_section() -> str:
     rows.append([score.replace("_", "-"), multiple,
                  *[_f(t, 3) for t in m["tau"]],
                  _span(m["tau_single"], 3), _f(m["time_ratio"], 2) + "x"])
-  # A property of the truth table: the same for every method.
-  repeat = _span(d["summary"][d["baseline"]]["repeatability"], 3)
+  repeat = _span(d["repeatability"], 3)
   goals = "; ".join(f"{k}: {'met' if ok else 'NOT met'}"
                     for k, ok in d["goals"].items())
   return "\n\n".join([
@@ -953,18 +952,15 @@ def _nas_claims() -> list[list[str]]:
 
 
 def _rank_default_score() -> str:
-  """`tfopt.nas.rank`'s default `score`, read from its source (importing
-  it would load Keras)."""
+  """`tfopt.nas.ranking.DEFAULT_SCORE`, read from its source (importing it
+  would load Keras)."""
   import ast  # pylint: disable=import-outside-toplevel
   tree = ast.parse((ROOT / "tfopt" / "nas" / "ranking.py").read_text(
       encoding="utf-8"))
-  rank = next(n for n in tree.body
-              if isinstance(n, ast.FunctionDef) and n.name == "rank")
-  args = rank.args.args
-  defaults = dict(zip([a.arg for a in args[len(args) -
-                                            len(rank.args.defaults):]],
-                      rank.args.defaults))
-  return ast.literal_eval(defaults["score"])
+  return next(ast.literal_eval(n.value) for n in tree.body
+              if isinstance(n, ast.Assign) and [t.id for t in n.targets
+                                                if isinstance(t, ast.Name)]
+              == ["DEFAULT_SCORE"])
 
 
 def _nas_ranking_claim() -> list[str]:
@@ -973,7 +969,7 @@ def _nas_ranking_claim() -> list[str]:
   default_score = _rank_default_score()
   default, base = (d["summary"][f"{default_score}@1x"],
                    d["summary"][d["baseline"]])
-  repeat = d["summary"][d["baseline"]]["repeatability"]
+  repeat = d["repeatability"]
   return [f"NAS ranking on a held-out space ({len(d['held_out_archs'])} "
           f"sub-graphs, {len(d['seeds'])} seeds): Kendall tau vs the mean "
           f"of {d['repeats']} stand-alone trainings, the log-likelihood "

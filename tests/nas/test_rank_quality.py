@@ -11,7 +11,7 @@ from scipy import stats
 import tfopt  # noqa: F401  (OR-Tools before TensorFlow)
 from tfopt.nas.data import digits
 from tfopt.nas.rank_quality import (REPEAT_SEED_STRIDE, judge, rank_methods,
-                                    sample_archs, truth_table)
+                                    repeatability, sample_archs, truth_table)
 from tfopt.nas.search import train_standalone
 from tfopt.nas.space import ChoiceLayer, SearchSpace, tiny64
 
@@ -35,14 +35,14 @@ def test_judge_against_the_mean_one_training_and_the_repeatability():
   scores = [oneshot[(f"op{i}",)] for i in range(5)]
   assert got["tau_single"] == pytest.approx(
       stats.kendalltau(scores, first).statistic)
-  assert got["repeatability"] == pytest.approx(
+  assert repeatability(rows) == pytest.approx(
       stats.kendalltau(first, second).statistic)
   # One repeat: no repeatability; a perfect ranking: tau 1.
   single = [{"arch": r["arch"], "test": r["test"][:1]} for r in rows]
   perfect = {("op0",): 0, ("op1",): 2, ("op2",): 1, ("op3",): 3,
              ("op4",): 4}
-  assert judge(perfect, single) == {"tau": 1.0, "tau_single": 1.0,
-                                    "repeatability": None}
+  assert judge(perfect, single) == {"tau": 1.0, "tau_single": 1.0}
+  assert repeatability(single) is None
 
 
 def test_judge_names_an_unscored_architecture():

@@ -17,17 +17,21 @@ agree with one training better than a second training does).
   uniformly (the held-out set), in enumeration order.
 - `truth_table(space, archs, split, ...)`: rows {arch, test, val, steps,
   params} with one entry per repeat in `test` and `val`.
-- `judge(scores, rows)`: tau against the mean, against repeat 0, and the
-  repeatability.
+- `judge(scores, rows)`: tau against the mean and against repeat 0.
+- `repeatability(rows)`: repeat 0 against repeat 1 (a property of the
+  truth, the same for every ranking judged against it).
 """
 
 from __future__ import annotations
+
+import time
 
 import keras
 import numpy as np
 
 from tfopt._errors import check_positive_int, invalid_argument
-from tfopt.nas.search import kendall_tau, train_standalone
+from tfopt.nas.ranking import SCORES, rank
+from tfopt.nas.search import kendall_tau, train_standalone, train_supernet
 from tfopt.nas.space import SearchSpace
 
 REPEAT_SEED_STRIDE = 1000
@@ -74,8 +78,7 @@ def truth_table(space: SearchSpace, archs, split, epochs: int = 15,
 def judge(scores, rows) -> dict:
   """Kendall tau-b of one-shot `scores` ({arch: score}, higher is better;
   every row's arch must be scored) against `rows` of `truth_table`:
-  {"tau": vs the mean over repeats, "tau_single": vs repeat 0,
-  "repeatability": repeat 0 vs repeat 1 (None with one repeat)}."""
+  {"tau": vs the mean over repeats, "tau_single": vs repeat 0}."""
   scores = {tuple(a): s for a, s in dict(scores).items()}
   missing = [r["arch"] for r in rows if tuple(r["arch"]) not in scores]
   if missing:
@@ -84,12 +87,16 @@ def judge(scores, rows) -> dict:
                            f"{len(scores)} scores")
   oneshot = [scores[tuple(r["arch"])] for r in rows]
   tests = np.array([r["test"] for r in rows], np.float64)
-  return {
-      "tau": kendall_tau(oneshot, tests.mean(axis=1)),
-      "tau_single": kendall_tau(oneshot, tests[:, 0]),
-      "repeatability": (kendall_tau(tests[:, 0], tests[:, 1])
-                        if tests.shape[1] > 1 else None),
-  }
+  return {"tau": kendall_tau(oneshot, tests.mean(axis=1)),
+          "tau_single": kendall_tau(oneshot, tests[:, 0])}
+
+
+def repeatability(rows) -> float | None:
+  """Kendall tau-b of repeat 0 against repeat 1 of `truth_table` rows: how
+  well one stand-alone training ranks another (None with one repeat)."""
+  tests = np.array([r["test"] for r in rows], np.float64)
+  return kendall_tau(tests[:, 0], tests[:, 1]) if tests.shape[1] > 1 \
+      else None
 
 
 def rank_methods(space: SearchSpace, split, steps: int, seed: int = 0,
@@ -101,11 +108,6 @@ def rank_methods(space: SearchSpace, split, steps: int, seed: int = 0,
   `max_exhaustive` of them, else those evolution visits). Returns
   {f"{score}@{m}x": {"scores": {arch: score}, "steps", "train_s",
   "rank_s", "search_s"}}; search_s = train_s + rank_s (wall seconds)."""
-  # Imported here: ranking pulls in the super-network's Keras layers.
-  import time  # pylint: disable=import-outside-toplevel
-  from tfopt.nas.ranking import rank  # pylint: disable=import-outside-toplevel
-  from tfopt.nas.search import train_supernet  # pylint: disable=import-outside-toplevel
-  from tfopt.nas.ranking import SCORES  # pylint: disable=import-outside-toplevel
   check_positive_int("steps", steps)
   multiples, scores = tuple(multiples), tuple(scores)
   for m in multiples:

@@ -29,6 +29,10 @@ from keras import ops
 from tfopt._errors import check_positive_int, invalid_argument
 
 
+# `rank`'s score by default (see its doc for why).
+DEFAULT_SCORE = "log_likelihood"
+
+
 @dataclasses.dataclass
 class Ranking:
   """Scores of the ranked sub-graphs, best first, and component fitness
@@ -36,7 +40,7 @@ class Ranking:
   scores: list  # [(arch, score)]: `score` names which
   components: dict
   strategy: str = "exhaustive"
-  score: str = "log_likelihood"
+  score: str = DEFAULT_SCORE
 
   def top(self, k: int = 1) -> list:
     return [arch for arch, _ in self.scores[:k]]
@@ -173,7 +177,7 @@ def _evolve(space, draw, admits, samples, rng, score, population=16,
 def rank(net, x_cal, x_val, y_val, allowed=None, max_exhaustive: int = 256,
          samples: int = 100, seed: int = 0, recalibrate: bool = True,
          verbose: int = 1, constraints=None, strategy: str = "auto",
-         score: str = "log_likelihood") -> Ranking:
+         score: str = DEFAULT_SCORE) -> Ranking:
   """Scores sub-graphs of `net` (a trained `SuperNet`); see the module doc.
 
   `constraints` (a `tfopt.nas.Constraints`) replaces `allowed`: removed
