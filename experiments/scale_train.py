@@ -10,7 +10,9 @@ steps, heartbeats, preemption, input position restored after a restart)
 and writes `<run_dir>/final-worker-<i>.json`: the loss of the final model
 on a fixed evaluation batch and a SHA-256 of its weights, so runs with and
 without faults can be compared exactly. Run without the launcher it trains
-as one process (worker 0 of 1; `--run_dir` then holds its files).
+as one process (worker 0 of 1; `--run_dir` then holds its files), or, under
+a cluster manager's TF_CONFIG or SLURM variables, as its task of the job
+(`--run_dir` a directory every task can write).
 
 Test hooks (all default off): `--stuck=W:S` makes worker W hang before
 step S of the first attempt (alive, heartbeating, not training), and
@@ -26,6 +28,7 @@ compute and sync time, timed inside it) and exchanges them every
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import os
@@ -42,7 +45,8 @@ flags.DEFINE_float("dropout", 0.1, "Dropout rate (0 for runs compared with "
                    "a single process at the same global batch).")
 flags.DEFINE_integer("checkpoint_every", 5, "Steps between checkpoints.")
 flags.DEFINE_integer("seed", 0, "Seed of data and weights.")
-flags.DEFINE_string("run_dir", None, "Run directory when not launched.")
+flags.DEFINE_string("run_dir", None, "Run directory when not launched by "
+                    "tfopt.scale.launch (shared by every task).")
 flags.DEFINE_string("stuck", None, "W:S: worker W hangs before step S "
                     "(first attempt only).")
 flags.DEFINE_string("delay_ms", None, "W:MS or W:PCT%: extra host time per "
@@ -167,7 +171,9 @@ def main(argv):
 
   env = worker.WorkerEnv.from_environ()
   if env.run_dir is None and FLAGS.run_dir:
-    env = worker.WorkerEnv(run_dir=os.path.abspath(FLAGS.run_dir))
+    # Started by a cluster manager (TF_CONFIG, SLURM) or alone: the run
+    # directory comes from the flag, the place from the environment.
+    env = dataclasses.replace(env, run_dir=os.path.abspath(FLAGS.run_dir))
   strategy = worker.make_strategy(env)
   keras.utils.set_random_seed(FLAGS.seed)
   dataset_fn, (x_eval, y_eval) = _dataset_fn(tf, np)

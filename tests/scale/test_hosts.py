@@ -166,6 +166,13 @@ def test_bad_link_rates_are_named(rate):
     LocalHosts(2, 1, link_rate=rate)
 
 
+def test_a_rate_per_host_must_name_every_host():
+  for rates in (["1gbit"], ["1gbit", None]):
+    with pytest.raises(ValueError, match=r"Argument `link_rate` must be one "
+                       r"rate, or a rate for each of the 2 hosts"):
+      LocalHosts(2, 1, link_rate=rates)
+
+
 def test_bad_counts_and_subnet_are_named():
   with pytest.raises(ValueError, match="Argument `num_hosts`"):
     LocalHosts(0, 1)
@@ -196,6 +203,34 @@ def test_hosts_without_tasks_say_so_and_check_host_indices():
     assert not hosts.reachable(1, 2222) and hosts.reachable(0, 2222)
     hosts.set_link(1, True)
     assert hosts.reachable(1, 2222)
+    for bad in (dict(host=2, link_rate="1gbit"),
+                dict(host=0, link_rate="fast")):
+      with pytest.raises(ValueError, match=f"Argument `{list(bad)[0]}`"
+                         if bad["host"] == 2 else "Argument `link_rate`"):
+        hosts.set_link_rate(**bad)
+    with pytest.raises(ValueError, match=r"Argument `seconds` must be a "
+                       r"number of seconds in \(0, 10\]. Received: "
+                       r"seconds=0"):
+      hosts.measure_link(0, seconds=0)
+
+
+@needs_hosts
+@pytest.mark.serial  # timed transfers
+def test_a_links_rate_is_measured_and_changed():
+  """measure_link against the rate `tc` shapes the link to (TCP carries
+  a little less: headers), before and after set_link_rate; a transfer
+  between two hosts is charged the slower link's rate."""
+  with LocalHosts(2, 1, link_rate=["100mbit", "10mbit"]) as hosts:
+    for host, bits in ((0, 100e6), (1, 10e6)):
+      for rate in hosts.measure_link(host, seconds=0.3).values():
+        assert 0.8 * bits < rate < 1.02 * bits, (host, rate)
+    assert hosts.comm().link(0, 1).bandwidth_gbps == 10e6 / 8 / 1e9
+    hosts.set_link_rate(1, "50mbit")
+    rate = hosts.measure_link(1, seconds=0.3)["up_bits"]
+    assert 0.8 * 50e6 < rate < 1.02 * 50e6, rate
+    hosts.set_link_rate(1, None)  # unshaped: far above any rate set here
+    assert hosts.measure_link(1, seconds=0.3)["down_bits"] > 500e6
+    assert hosts.rates_bits == [100e6, None]
 
 
 def test_without_namespaces_the_error_says_what_is_missing(monkeypatch):
@@ -250,7 +285,9 @@ def test_a_model_placed_across_two_hosts_trains_as_keras(tmp_path):
 def test_data_parallel_across_two_hosts_follows_one_host(tmp_path):
   """The launcher's workers on LocalHosts: the same script and flags give
   the same trajectory on 2 hosts x 1 worker (every all-reduce across a
-  shaped link) as on 1 host x 2 workers."""
+  shaped link) as on 1 host x 2 workers; and on the 2 hosts without the
+  launcher, each task started as a cluster manager starts it (TF_CONFIG
+  as Kubernetes writes it, SLURM's variables as srun sets them)."""
   from tfopt.scale.launch import launch, summary
   script = os.path.join(ROOT, "experiments", "scale_train.py")
   flags = ["--dropout=0", "--epochs=2", "--steps_per_epoch=10",
@@ -262,12 +299,23 @@ def test_data_parallel_across_two_hosts_follows_one_host(tmp_path):
     with LocalHosts(num_hosts, 0, link_rate="100mbit") as hosts:
       result = launch([script, *flags], workers=2, hosts=hosts,
                       run_dir=tmp_path / f"hosts{num_hosts}", **watch)
+      if num_hosts == 2:
+        managed = {manager: _as_cluster_manager_starts(
+            hosts, manager, [script, *flags], tmp_path / manager)
+                   for manager in ("tf_config", "slurm")}
     assert result.ok and len(result.attempts) == 1
     (attempt,) = result.attempts
     runs[num_hosts] = result.trajectory()
     addresses[num_hosts] = attempt["addresses"]
     text = summary(result)
     assert ("worker 1 on host 10.201.0.2" in text) == (num_hosts == 2), text
+    if num_hosts == 2:  # each link measured near its shaped rate
+      for link in attempt["links"]:
+        for direction in ("down_bits", "up_bits"):
+          assert 0.7 * 100e6 < link[direction] < 1.05 * 100e6, link
+      assert attempt["network_stragglers"] == [], attempt["links"]
+    else:
+      assert "links" not in attempt  # one host: nothing to compare
   for run in runs.values():
     assert run["steps"] == 20 and run["lost"] == [] and run["repeated"] == []
   np.testing.assert_allclose(
@@ -276,6 +324,89 @@ def test_data_parallel_across_two_hosts_follows_one_host(tmp_path):
   # Each worker at its host's address (the other worker reached it there).
   assert addresses == {1: ["10.201.0.1"] * 2,
                        2: ["10.201.0.1", "10.201.0.2"]}
+  for manager, (losses, finals) in managed.items():
+    assert sorted(losses) == list(range(1, 21)), manager
+    np.testing.assert_allclose([losses[s] for s in range(1, 21)],
+                               [runs[2]["loss"][s] for s in range(1, 21)],
+                               rtol=0, atol=1e-6, err_msg=manager)
+    # Both tasks trained: each wrote its final model, the same one.
+    assert [f["worker"] for f in finals] == [0, 1], manager
+    assert finals[0]["weights_sha256"] == finals[1]["weights_sha256"]
+    assert finals[0]["global_step"] == 20
+
+
+def _as_cluster_manager_starts(hosts, manager, command, run_dir):
+  """Runs `command` as one task per host, each inside its host's namespace
+  with only what the cluster manager `manager` would give it (no TFOPT_*
+  place variables); returns worker 0's {step: loss} and the tasks'
+  final-worker records."""
+  base = {k: v for k, v in os.environ.items()
+          if not k.startswith(("TFOPT_", "SLURM_")) and k != "TF_CONFIG"}
+  spec = {"worker": [f"{address}:2222" for address in hosts.addresses]}
+  procs = []
+  for task in range(hosts.num_hosts):
+    env = dict(base, PYTHONPATH=str(ROOT), TF_CPP_MIN_LOG_LEVEL="2")
+    if manager == "tf_config":
+      env["TF_CONFIG"] = json.dumps({"cluster": spec, "task": {
+          "type": "worker", "index": task}})
+    else:
+      env.update(SLURM_PROCID=str(task), SLURM_NODEID=str(task),
+                 SLURM_LOCALID="0", SLURM_STEP_NUM_TASKS="2",
+                 SLURM_STEP_NODELIST="10.201.0.[1-2]",
+                 SLURM_STEP_TASKS_PER_NODE="1(x2)",
+                 TFOPT_SLURM_PORT_BASE="2223")
+    fd = hosts.host_fd(task)
+    procs.append(subprocess.Popen(
+        [sys.executable, "-m", "tfopt.runtime.netns", f"--enter_fd={fd}",
+         f"--parent={os.getpid()}", "--", sys.executable, command[0],
+         *command[1:], f"--run_dir={run_dir}"],
+        env=env, pass_fds=(fd,), cwd=ROOT, stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT, text=True))
+  for proc in procs:
+    out, _ = proc.communicate(timeout=300)
+    assert proc.returncode == 0, out[-3000:]
+  with open(run_dir / "steps" / "worker-0.jsonl", encoding="utf-8") as f:
+    losses = {rec["step"]: rec["loss"] for rec in map(json.loads, f)}
+  finals = []
+  for task in range(hosts.num_hosts):
+    with open(run_dir / f"final-worker-{task}.json", encoding="utf-8") as f:
+      finals.append(json.load(f))
+  return losses, finals
+
+
+@needs_hosts
+@pytest.mark.slow
+@pytest.mark.serial  # timed links and step phases
+def test_a_throttled_host_is_a_network_straggler_not_a_compute_one(
+    tmp_path):
+  """`--hosts=2` with host 1's link at 1/50 of host 0's: the report names
+  host 1 a network straggler (its link measured near its shaped rate),
+  while the step timings name no worker a compute straggler; the job
+  trains to the end."""
+  run_dir = tmp_path / "run"
+  done = subprocess.run(
+      [sys.executable, "-m", "tfopt.scale.launch", "--workers=2",
+       "--hosts=2", "--link_rate=1gbit,20mbit", f"--run_dir={run_dir}",
+       "--max_restarts=0", "--", "experiments/scale_train.py",
+       "--epochs=1", "--steps_per_epoch=30", "--stragglers",
+       "--exchange_every=10"],
+      cwd=ROOT, capture_output=True, text=True, timeout=400,
+      env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2"))
+  assert done.returncode == 0, done.stderr[-3000:]
+  lines = done.stdout.splitlines()
+  slow = [line for line in lines if "NETWORK STRAGGLER" in line]
+  assert len(slow) == 1 and slow[0].startswith(
+      "host 10.201.0.2 (workers 1)"), done.stdout
+  with open(run_dir / "launch.json", encoding="utf-8") as f:
+    (attempt,) = json.load(f)["attempts"]
+  fast, throttled = attempt["links"]
+  assert 0.7 * 20e6 < throttled["down_bits"] < 1.05 * 20e6, throttled
+  assert fast["down_bits"] > 10 * throttled["down_bits"], attempt["links"]
+  with open(run_dir / "phases" / "reports.jsonl", encoding="utf-8") as f:
+    reports = [json.loads(line) for line in f]
+  assert reports and all(r["compute_stragglers"] == [] for r in reports), \
+      reports
+  assert "step 30" in done.stdout  # both workers' final records
 
 
 @needs_hosts

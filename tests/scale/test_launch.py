@@ -238,6 +238,9 @@ def test_bad_input(tmp_path):
   with pytest.raises(ValueError, match="Argument `hosts` must be a "
                      "tfopt.scale.hosts.LocalHosts or None"):
     launch([FAKE, "ok"], workers=2, hosts=3)
+  with pytest.raises(ValueError, match=r"Argument `link_probe_s` must be "
+                     r"seconds in \(0, 10\] or None"):
+    launch([FAKE, "ok"], workers=2, hosts=two_hosts, link_probe_s=0)
   one_host = types.SimpleNamespace(num_hosts=1, host_fd=lambda host: -1)
   for hosts, fault in ((None, "partition:1:5"), (one_host, "kill_host:1:5")):
     with pytest.raises(ValueError, match="only on 2 or more hosts"):

@@ -7,7 +7,11 @@ fault injection (`tfopt.scale.launch`), and report how the run went.
 The config names the command each worker runs (`command`, a string split
 like a shell line; or give it after `--`) and the launcher's knobs (workers,
 max_restarts, heartbeat and stuck timeouts). `--inject=kill:1:25` (or
-stop:W:S, term:W:S) injects a fault to test the restart path. Prints every
+stop:W:S, term:W:S) injects a fault to test the restart path. `--hosts=2`
+runs the workers on two hosts made on this machine (`LocalHosts`: network
+namespaces, links shaped at `--link_rate`, as root), where the faults
+partition:W:S and kill_host:W:S apply too, and the report gives each
+host's measured link and names a network straggler. Prints every
 attempt (failure kind and worker, steps), the stitched trajectory (steps,
 lost, repeated, recomputed), the goodput and its badput split, and each
 worker's final-worker-<i>.json (the scale_train job's final loss and weights
@@ -40,7 +44,13 @@ flags.DEFINE_string("run_dir", None, "Run directory (a new temporary one "
                     "when not given); an existing one is reused, nothing in "
                     "it is deleted.")
 flags.DEFINE_list("inject", [], "Faults kind:worker:step[:attempt], kind in "
-                  "kill, stop, term.")
+                  "kill, stop, term; on --hosts also partition, kill_host.")
+flags.DEFINE_integer("hosts", 0, "Run the workers on this many hosts made on "
+                     "this machine (network namespaces joined by shaped "
+                     "links; needs root); 0: loopback.", lower_bound=0)
+flags.DEFINE_string("link_rate", "1gbit", "With --hosts: each host's link "
+                    "rate (1gbit, 100mbit), or a comma-separated rate per "
+                    "host.")
 for _name, _help in (
     ("backoff_s", "First restart backoff (doubles)."),
     ("heartbeat_timeout_s", "A beat older than this is a lost worker."),
@@ -61,7 +71,8 @@ def main(argv):
     raise app.UsageError(f"--workers must be a positive integer. Received: "
                          f"{FLAGS.workers}")
   return run_and_report(command, FLAGS.workers, run_dir=FLAGS.run_dir,
-                        faults=FLAGS.inject,
+                        faults=FLAGS.inject, num_hosts=FLAGS.hosts,
+                        link_rate=FLAGS.link_rate,
                         **{name: getattr(FLAGS, name) for name in CLI_KNOBS})
 
 

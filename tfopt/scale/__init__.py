@@ -5,6 +5,10 @@
   (`python -m tfopt.scale.launch --workers=N -- script.py ...`).
 - `tfopt.scale.worker`: the worker side (environment, strategy, the
   resumable `fit` with checkpoints, input position, heartbeats, preemption).
+- `tfopt.scale.cluster_env`: a worker's place from the launcher, a cluster
+  manager's TF_CONFIG, or SLURM's variables.
+- `tfopt.scale.hosts`: several hosts on one machine (`LocalHosts`).
+- `tfopt.scale.network`: each host's link measured, network stragglers.
 - `tfopt.scale.heartbeat`: progress beats and the stuck / lost verdicts.
 - `tfopt.scale.compat`: Keras 3 `fit` under MultiWorkerMirroredStrategy.
 - `tfopt.scale.ps`: a custom loop for ParameterServerStrategy.

@@ -106,6 +106,48 @@ def link_rate_bits(link_rate) -> float | None:
                          link_rate)
 
 
+def _rates_per_host(link_rate, num_hosts: int) -> list[float | None]:
+  """`link_rate` (one rate, or one per host) as bits per second per host."""
+  if isinstance(link_rate, (str, int, float)) or link_rate is None:
+    return [link_rate_bits(link_rate)] * num_hosts
+  rates = list(link_rate)
+  if len(rates) != num_hosts or any(rate is None for rate in rates):
+    raise invalid_argument("link_rate", f"one rate, or a rate for each of "
+                           f"the {num_hosts} hosts (none of them None)",
+                           link_rate)
+  return [link_rate_bits(rate) for rate in rates]
+
+
+def _stream_rate(sender, receiver, seconds: float) -> float:
+  """Bits per second `receiver` takes in while `sender` sends for
+  `seconds`, then closes its side: counted from the first byte received to
+  the last, so the sender's buffer filling at memory speed does not count
+  (kept small, so that draining it after `seconds` takes little longer)."""
+  import socket  # pylint: disable=g-import-not-at-top
+  import threading  # pylint: disable=g-import-not-at-top
+  sender.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 128 << 10)
+  receiver.settimeout(30.0)
+  chunk, got = b"\0" * (64 << 10), {}
+
+  def drain():
+    total, first, last, skip = 0, None, None, 0
+    while data := receiver.recv(1 << 20):
+      now = time.perf_counter()
+      if first is None:
+        first, skip = now, len(data)
+      total, last = total + len(data), now
+    got["bits"] = 8 * (total - skip) / max(last - first, 1e-6)
+
+  thread = threading.Thread(target=drain, name="tfopt-link-probe")
+  thread.start()
+  deadline = time.perf_counter() + seconds
+  while time.perf_counter() < deadline:
+    sender.sendall(chunk)
+  sender.shutdown(socket.SHUT_WR)  # the receiver sees the end
+  thread.join()
+  return got["bits"]
+
+
 class _Namespace:
   """One anonymous network namespace, held by a holder process (for `ip`
   and `nsenter`, which name a namespace by a pid) and an fd here (for
@@ -175,7 +217,8 @@ class LocalHosts:
         k // tasks_per_host. 0: the hosts' network alone, for processes
         started on it (the launcher's workers: `launch(..., hosts=)`).
       link_rate: each host's link rate, both directions ("1gbit",
-        "100mbit", bits per second), or None for unshaped links.
+        "100mbit", bits per second), or None for unshaped links; or one
+        rate per host (a host with a slower link than the others).
       cpus: per task, the cores its process is pinned to (None: unpinned).
       memory_limit_bytes: an OS cap per task (a memory cgroup), or None.
       job: the tasks' job name.
@@ -190,7 +233,7 @@ class LocalHosts:
                              tasks_per_host)
     if num_hosts > 250:
       raise invalid_argument("num_hosts", "at most 250 (one /24)", num_hosts)
-    self.rate_bits = link_rate_bits(link_rate)
+    self.rates_bits = _rates_per_host(link_rate, num_hosts)
     if not isinstance(subnet, str) or not re.fullmatch(
         r"(\d{1,3})\.(\d{1,3})\.(\d{1,3})", subnet) or any(
             int(o) > 255 for o in subnet.split(".")):
@@ -248,12 +291,12 @@ class LocalHosts:
     for h, address in enumerate(self.addresses):
       host = _Namespace(f"host {h}")
       self._hosts.append(host)
-      self._attach(host, f"h{h}", address, shaped=True)
+      self._attach(host, f"h{h}", address)
+      self._shape(h, self.rates_bits[h])
     self._client = _Namespace("the client")
-    self._attach(self._client, "client", self.client_address, shaped=False)
+    self._attach(self._client, "client", self.client_address)
 
-  def _attach(self, ns: _Namespace, port: str, address: str, *,
-              shaped: bool) -> None:
+  def _attach(self, ns: _Namespace, port: str, address: str) -> None:
     fabric = self._fabric
     fabric.run("ip", "link", "add", "name", port, "type", "veth", "peer",
                "name", "eth0", "netns", str(ns.pid))
@@ -262,17 +305,56 @@ class LocalHosts:
     ns.run("ip", "link", "set", "lo", "up")
     ns.run("ip", "addr", "add", f"{address}/24", "dev", "eth0")
     ns.run("ip", "link", "set", "eth0", "up")
-    if shaped and self.rate_bits is not None:
-      # Both directions: the host's egress on eth0, its ingress as the
-      # fabric end's egress. A bucket of 1 ms at the rate (at least a few
-      # packets): a real link sends no faster than its rate, and a larger
-      # bucket lets a step's tensors of tens of kB through at memory
-      # speed after each pause. At most 50 ms of queue.
-      rate = f"{int(self.rate_bits)}bit"
-      burst = str(max(4_000, int(self.rate_bits / 8 / 1000)))
-      for where, dev in ((ns, "eth0"), (fabric, port)):
-        where.run("tc", "qdisc", "add", "dev", dev, "root", "tbf", "rate",
-                  rate, "burst", burst, "latency", "50ms")
+
+  def _shape(self, host: int, bits: float | None) -> None:
+    """Host `host`'s link at `bits` per second, both directions: the
+    host's egress on eth0, its ingress as the fabric end's egress (None:
+    unshaped). A bucket of 1 ms at the rate (at least a few packets): a
+    real link sends no faster than its rate, and a larger bucket lets a
+    step's tensors of tens of kB through at memory speed after each pause.
+    At most 50 ms of queue."""
+    ends = ((self._hosts[host], "eth0"), (self._fabric, f"h{host}"))
+    for where, dev in ends:
+      if bits is None:
+        if "tbf" in where.run("tc", "qdisc", "show", "dev", dev):
+          where.run("tc", "qdisc", "del", "dev", dev, "root")
+        continue
+      where.run("tc", "qdisc", "replace", "dev", dev, "root", "tbf", "rate",
+                f"{int(bits)}bit", "burst", str(max(4_000, int(bits / 8e3))),
+                "latency", "50ms")
+    self.rates_bits[host] = bits
+
+  def set_link_rate(self, host: int, link_rate) -> None:
+    """Shapes host `host`'s link at `link_rate` ("10mbit", bits per second,
+    or None: unshaped) from now on: a throttled link (a degraded NIC, a
+    congested switch port)."""
+    self.host_fd(host)  # checks `host`
+    self._shape(host, link_rate_bits(link_rate))
+
+  def measure_link(self, host: int, seconds: float = 0.25) -> dict:
+    """Host `host`'s link as TCP sees it from the client's place (whose own
+    link is unshaped): bits per second received in `seconds` of sending
+    each way, {"down_bits": to the host, "up_bits": from it}. Nothing but
+    this crosses the link meanwhile, or it shares the link."""
+    import socket  # pylint: disable=g-import-not-at-top
+    self.host_fd(host)  # checks `host`
+    if isinstance(seconds, bool) or not isinstance(seconds, (int, float)) \
+        or not 0 < seconds <= 10:
+      raise invalid_argument("seconds", "a number of seconds in (0, 10]",
+                             seconds)
+    with netns.entered(self._hosts[host].fd):
+      listener = socket.create_server((self.addresses[host], 0))
+    try:
+      port = listener.getsockname()[1]
+      with netns.entered(self._client.fd):
+        outside = socket.create_connection((self.addresses[host], port),
+                                           timeout=5.0)
+      inside, _ = listener.accept()
+    finally:
+      listener.close()
+    with outside, inside:
+      return {"down_bits": _stream_rate(outside, inside, seconds),
+              "up_bits": _stream_rate(inside, outside, seconds)}
 
   # -------------------------------------------------------------- the tasks
 
@@ -425,11 +507,16 @@ class LocalHosts:
     link of `link_rate` (its bytes over the rate, plus `latency_us`);
     unshaped links are `intra` everywhere."""
     intra = intra if intra is not None else Link()
-    if self.rate_bits is None:
+    if all(bits is None for bits in self.rates_bits):
       return CommModel(intra)
-    return CommModel.two_level(
-        [self.host_of(k) for k in range(len(self.spec[self.job]))], intra,
-        Link(latency_us, self.rate_bits / 8 / 1e9))
+    hosts = [self.host_of(k) for k in range(len(self.spec[self.job]))]
+    # A transfer between two hosts crosses both links: the slower one
+    # sets its rate.
+    return CommModel(intra, pairs={
+        (a, b): Link(latency_us, min(self.rates_bits[hosts[a]],
+                                     self.rates_bits[hosts[b]]) / 8 / 1e9)
+        for a in range(len(hosts)) for b in range(len(hosts))
+        if hosts[a] != hosts[b]})
 
   def cluster(self, memory_bytes: int | None = None, *,
               comm: CommModel | None = None) -> Cluster:

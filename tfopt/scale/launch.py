@@ -54,6 +54,7 @@ from tfopt._io import atomic_write_text
 from tfopt._net import free_ports
 from tfopt.runtime import netns
 from tfopt.scale import heartbeat as hb
+from tfopt.scale import network
 from tfopt.scale import protocol as wk
 
 FAULTS = wk.FAULTS
@@ -520,7 +521,7 @@ class Launcher:
                min_collective_timeout_s=30.0, faults=(), ports=None,
                env=None, poll_s=0.05, phase_budget_s=None,
                allow_exposed=False, confine=True, hosts=None,
-               partition_s=10.0):
+               partition_s=10.0, link_probe_s=0.25):
     if isinstance(workers, bool) or not isinstance(workers, int) or \
         workers < 1:
       raise invalid_argument("workers", "a positive integer", workers)
@@ -550,6 +551,12 @@ class Launcher:
       raise invalid_argument("heartbeat_timeout_s", "more than twice "
                              f"heartbeat_s ({heartbeat_s})",
                              heartbeat_timeout_s)
+    if link_probe_s is not None and (
+        isinstance(link_probe_s, bool) or
+        not isinstance(link_probe_s, (int, float)) or
+        not 0 < link_probe_s <= 10):
+      raise invalid_argument("link_probe_s", "seconds in (0, 10] or None "
+                             "(no link probes)", link_probe_s)
     faults = [Fault.parse(f) if isinstance(f, str) else f for f in faults]
     for fault in faults:
       if not 0 <= fault.worker < workers:
@@ -614,6 +621,7 @@ class Launcher:
     self.faults = faults
     self.injected: set = set()
     self.partition_s = float(partition_s)
+    self.link_probe_s = link_probe_s
     self.down_until: dict[int, float] = {}  # host -> when its link is back
     # Checked here (bad input before anything starts), used by each watch.
     self.phase_budget_s = hb.phase_budgets(phase_budget_s)
@@ -716,6 +724,21 @@ class Launcher:
         self.hosts.set_link(host, True, wait=False)
       self.down_until.clear()
 
+  def _probe_links(self, rec: dict) -> None:
+    """On 2 or more hosts, after the attempt (its workers gone, nothing
+    else on the links): each host's link rate, and the hosts far slower
+    than the others, named network stragglers (`tfopt.scale.network`)."""
+    if self.hosts is None or self.hosts.num_hosts < 2 or \
+        self.link_probe_s is None or self.terminate_requested:
+      return
+    links = network.probe_links(self.hosts, self.link_probe_s,
+                                skip=set(self.down_until))
+    slow = network.network_stragglers(
+        [None if link is None else min(link["down_bits"], link["up_bits"])
+         for link in links])
+    rec["links"] = links
+    rec["network_stragglers"] = [links[h]["address"] for h in slow]
+
   def _on_sigterm(self, signum, frame):  # pylint: disable=unused-argument
     self.terminate_requested = True
 
@@ -740,6 +763,7 @@ class Launcher:
       rec = attempt.record
       rec["ended"] = time.time()
       rec["teardown_s"] = teardown if failure else 0.0
+      self._probe_links(rec)
       rec["failure"] = failure
       rec["outcome"] = ("success" if failure is None else
                         "preempted" if failure["kind"] == "preempted" else
@@ -818,7 +842,10 @@ def launch(command, workers: int, **kwargs) -> LaunchResult:
   lost" when detected: a host that does not answer from the fabric, its
   workers alive or exiting on the error, or all killed), partition_s (10:
   how long a host fault keeps the host's link down; the next attempt
-  starts once every link is back)."""
+  starts once every link is back), link_probe_s (0.25: on 2 or more hosts,
+  after each attempt, each host's link is measured this long each way and
+  a host far slower than the others is named a network straggler,
+  `tfopt.scale.network`; None: no probes)."""
   return Launcher(command, workers, **kwargs).run()
 
 
@@ -845,7 +872,14 @@ def main(argv=None) -> int:
                            "cannot be confined (not root), with a warning")
   parser.add_argument("--inject", action="append", default=[],
                       help="kind:worker:step[:attempt], kind in kill, stop, "
-                           "term (testing the restart path)")
+                           "term; on --hosts also partition, kill_host "
+                           "(testing the restart path)")
+  parser.add_argument("--hosts", type=int, default=0,
+                      help="run the workers on this many hosts made on this "
+                           "machine (network namespaces, root; 0: loopback)")
+  parser.add_argument("--link_rate", default="1gbit",
+                      help="with --hosts: each host's link rate, or a "
+                           "comma-separated rate per host")
   args = parser.parse_args(own)
   if not command:
     parser.error("give the training command after --, e.g. "
@@ -853,16 +887,28 @@ def main(argv=None) -> int:
   return run_and_report(
       command, args.workers, run_dir=args.run_dir, faults=args.inject,
       ports=(args.ports.split(",") if args.ports else None),
-      allow_exposed=args.allow_exposed_servers,
+      allow_exposed=args.allow_exposed_servers, num_hosts=args.hosts,
+      link_rate=args.link_rate,
       **{name: getattr(args, name) for name in CLI_KNOBS})
 
 
-def run_and_report(command, workers: int, **kwargs) -> int:
+def run_and_report(command, workers: int, num_hosts: int = 0,
+                   link_rate="1gbit", **kwargs) -> int:
   """`launch` for a command line: prints `summary` (or the error on
   stderr) and returns the exit status: 0 done, 1 the launcher gave up, 2
-  bad input, `PREEMPTED_EXIT` (75) preempted."""
+  bad input, `PREEMPTED_EXIT` (75) preempted. `num_hosts` > 0: the workers
+  run on that many `LocalHosts` (network namespaces on this machine, links
+  shaped at `link_rate`: one rate, or a comma-separated rate per host),
+  made for the run and removed after it."""
   try:
-    result = launch(command, workers, **kwargs)
+    if not num_hosts:
+      result = launch(command, workers, **kwargs)
+    else:
+      from tfopt.scale.hosts import LocalHosts  # pylint: disable=import-outside-toplevel
+      rates = (link_rate.split(",") if isinstance(link_rate, str) and
+               "," in link_rate else link_rate)
+      with LocalHosts(num_hosts, 0, link_rate=rates) as hosts:
+        result = launch(command, workers, hosts=hosts, **kwargs)
   except (ValueError, FileNotFoundError, PermissionError) as err:
     print(f"error: {err}", file=sys.stderr)
     return 2
@@ -918,6 +964,8 @@ def summary(result: LaunchResult) -> str:
     good = result.goodput()
     if good["goodput"] is not None:
       lines.append(goodput_line(good))
+  if result.attempts:
+    lines.extend(_link_lines(result.attempts[-1]))
   finals = glob.glob(os.path.join(result.run_dir, "final-worker-*.json"))
   for path in sorted(finals, key=lambda p: int(re.findall(r"\d+", p)[-1])):
     with open(path, encoding="utf-8") as f:
@@ -931,6 +979,27 @@ def summary(result: LaunchResult) -> str:
                    f"{str(final.get('weights_sha256', ''))[:16]}")
   lines.append(f"run directory: {result.run_dir}")
   return "\n".join(lines)
+
+
+def _link_lines(record: dict) -> list[str]:
+  """Per host of an attempt on several hosts: its workers, its link's
+  measured rates, and whether it is a network straggler."""
+  links = record.get("links") or []
+  addresses = record.get("addresses") or []
+  slow = set(record.get("network_stragglers") or [])
+  lines = []
+  for link in links:
+    if link is None:
+      continue
+    address = link["address"]
+    workers = ",".join(str(w) for w, a in enumerate(addresses)
+                       if a == address)
+    verdict = (": NETWORK STRAGGLER (its link far slower than the other "
+               "hosts')" if address in slow else "")
+    lines.append(f"host {address} (workers {workers or '-'}): link "
+                 f"{link['down_bits'] / 1e6:.1f} Mbit/s in, "
+                 f"{link['up_bits'] / 1e6:.1f} Mbit/s out{verdict}")
+  return lines
 
 
 def _on_host(record: dict, worker) -> str:

@@ -1,8 +1,11 @@
 """The worker side of a launched job: environment, strategy, resumable fit.
 
 A script started by `tfopt.scale.launch` finds its place in environment
-variables the launcher sets (`WorkerEnv.from_environ`); run standalone it
-is worker 0 of 1 with no run directory. `make_strategy` returns a
+variables the launcher sets (`WorkerEnv.from_environ`); started by a
+cluster manager instead, in its TF_CONFIG or SLURM variables
+(`tfopt.scale.cluster_env`: the same script runs unchanged, without the
+launcher's restarts); run standalone it is worker 0 of 1 with no run
+directory. `make_strategy` returns a
 MultiWorkerMirroredStrategy (Keras' `fit` patched for it, see
 `tfopt.scale.compat`) with the collective timeout the launcher derived
 from observed step times, or the default strategy for one worker.
@@ -58,22 +61,25 @@ from tfopt import summaries
 from tfopt._errors import check_positive_int, invalid_argument
 from tfopt.scale import heartbeat as hb
 from tfopt.scale.checkpoint import TwoStageCheckpointer
-from tfopt.scale.protocol import (CONTROL, ENV_ATTEMPT, ENV_HEARTBEAT,
-                                  ENV_RUN_DIR, ENV_TIMEOUT, ENV_WORKER,
-                                  ENV_WORKERS, PREEMPTED_EXIT, TASK_LOST_EXIT,
+from tfopt.scale.cluster_env import place_from_environ
+from tfopt.scale.protocol import (CONTROL, ENV_HEARTBEAT, ENV_TIMEOUT,
+                                  PREEMPTED_EXIT, TASK_LOST_EXIT,
                                   raise_fault_if_asked)
 
 
 
 @dataclasses.dataclass(frozen=True)
 class WorkerEnv:
-  """Where this process sits in the job."""
+  """Where this process sits in the job (`tfopt.scale.cluster_env`: from
+  the launcher, TF_CONFIG or SLURM; `source` says which)."""
   worker: int = 0
   workers: int = 1
   attempt: int = 0
   run_dir: str | None = None
   collective_timeout_s: float | None = None
   heartbeat_s: float = 0.5
+  source: str = "single"
+  cluster: dict | None = None  # the cluster spec under SLURM
 
   @property
   def is_chief(self) -> bool:
@@ -81,19 +87,24 @@ class WorkerEnv:
 
   @classmethod
   def from_environ(cls, environ=None) -> "WorkerEnv":
+    """The launcher's TFOPT_* variables, else a cluster manager's TF_CONFIG
+    or SLURM variables, else worker 0 of 1; TFOPT_RUN_DIR,
+    TFOPT_COLLECTIVE_TIMEOUT_S and TFOPT_HEARTBEAT_S beside any of them."""
     env = os.environ if environ is None else environ
+    place = place_from_environ(env)
     timeout = env.get(ENV_TIMEOUT)
-    return cls(worker=int(env.get(ENV_WORKER, 0)),
-               workers=int(env.get(ENV_WORKERS, 1)),
-               attempt=int(env.get(ENV_ATTEMPT, 0)),
-               run_dir=env.get(ENV_RUN_DIR) or None,
+    return cls(worker=place.worker, workers=place.workers,
+               attempt=place.attempt, run_dir=place.run_dir,
                collective_timeout_s=float(timeout) if timeout else None,
-               heartbeat_s=float(env.get(ENV_HEARTBEAT, 0.5)))
+               heartbeat_s=float(env.get(ENV_HEARTBEAT, 0.5)),
+               source=place.source, cluster=place.cluster)
 
 
 def make_strategy(env: WorkerEnv | None = None):
   """MultiWorkerMirroredStrategy for several workers (Keras patched, the
-  collective timeout set), the default strategy for one."""
+  collective timeout set), the default strategy for one. The cluster comes
+  from TF_CONFIG (the launcher's or a cluster manager's) or, under SLURM,
+  from the spec `WorkerEnv` built from SLURM's variables."""
   import tensorflow as tf  # pylint: disable=import-outside-toplevel
   env = env or WorkerEnv.from_environ()
   if env.workers <= 1 and "TF_CONFIG" not in os.environ:
@@ -102,8 +113,13 @@ def make_strategy(env: WorkerEnv | None = None):
   patch_keras_for_multi_worker()
   options = tf.distribute.experimental.CommunicationOptions(
       timeout_seconds=env.collective_timeout_s)
+  resolver = None
+  if env.cluster is not None:
+    resolver = tf.distribute.cluster_resolver.SimpleClusterResolver(
+        tf.train.ClusterSpec(env.cluster), task_type="worker",
+        task_id=env.worker, rpc_layer="grpc")
   return tf.distribute.MultiWorkerMirroredStrategy(
-      communication_options=options)
+      cluster_resolver=resolver, communication_options=options)
 
 
 class _Preemption:
