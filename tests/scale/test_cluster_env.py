@@ -121,3 +121,7 @@ def test_slurm_variables_that_cannot_be_used_are_named(changes, match):
 def test_alone_is_worker_zero_of_one():
   place = place_from_environ({})
   assert (place.worker, place.workers, place.source) == (0, 1, "single")
+  # A TF_CONFIG naming no task (a client of server tasks) is no place.
+  client = place_from_environ({"TF_CONFIG": json.dumps(
+      {"cluster": {"worker": ["a:1", "b:1"]}})})
+  assert (client.worker, client.workers, client.source) == (0, 1, "single")

@@ -70,9 +70,10 @@ def place_from_environ(environ) -> Place:
     return Place(worker=_int_var(environ, ENV_WORKER, 0),
                  workers=_int_var(environ, ENV_WORKERS, 1), attempt=attempt,
                  run_dir=run_dir, source="launcher")
-  if environ.get("TF_CONFIG"):
-    worker, workers = tf_config_rank(environ["TF_CONFIG"])
-    return Place(worker=worker, workers=workers, attempt=attempt,
+  rank = tf_config_rank(environ["TF_CONFIG"]) if environ.get(
+      "TF_CONFIG") else None
+  if rank is not None:
+    return Place(worker=rank[0], workers=rank[1], attempt=attempt,
                  run_dir=run_dir, source="tf_config")
   if "SLURM_PROCID" in environ:
     port_base = _int_var(environ, ENV_SLURM_PORT_BASE,
@@ -85,11 +86,15 @@ def place_from_environ(environ) -> Place:
   return Place(attempt=attempt, run_dir=run_dir)
 
 
-def tf_config_rank(text: str) -> tuple[int, int]:
+def tf_config_rank(text: str) -> tuple[int, int] | None:
   """(this task's rank among the training tasks, their count) from a
-  TF_CONFIG JSON string: the chief first, then the workers in order."""
+  TF_CONFIG JSON string: the chief first, then the workers in order. None
+  where it names no task (a cluster alone, as a client placing ops on
+  server tasks reads it: this process is none of them)."""
   try:
     config = json.loads(text)
+    if "task" not in config:
+      return None
     cluster, task = config["cluster"], config["task"]
     kind, index = task["type"], int(task["index"])
   except (ValueError, TypeError, KeyError) as err:
