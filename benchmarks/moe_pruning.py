@@ -1,5 +1,7 @@
 """MoE pruning side by side: magnitude, Wanda (routed), MoE-Pruner, SparseGPT,
-router-weighted OBS; then expert-wise distillation against plain
+router-weighted OBS (and each OBS method with and without the exact refit of
+the kept weights, to show what the refit and the router weighting each
+give); then expert-wise distillation against plain
 fine-tuning.
 
     python -m benchmarks.moe_pruning            # ~15 min on 2 CPUs
@@ -64,7 +66,11 @@ flags.DEFINE_string("out", None, "JSON path (default: results/).")
 
 RESULTS = os.path.join(os.path.dirname(__file__), "results")
 CHECKPOINT = os.path.join(RESULTS, "moe_lm_reference.weights.h5")
-METHODS = ("magnitude", "wanda", "moe_pruner", "sparsegpt", "router_obs")
+METHODS = ("magnitude", "wanda", "moe_pruner", "sparsegpt", "sparsegpt_refit",
+           "router_obs_no_refit", "router_obs")
+# The ablation rows: a method of prune_moe with its refit switched.
+VARIANTS = {"sparsegpt_refit": dict(method="sparsegpt", refit=True),
+            "router_obs_no_refit": dict(method="router_obs", refit=False)}
 PATTERNS = (0.5, 0.6, 0.7, "2:4")
 
 
@@ -93,8 +99,8 @@ def prune_part(model, data, dense_weights, seeds):
     calib, _ = data.windows(FLAGS.calibration_windows, seed=1000 + seed)
     with warnings.catch_warnings():
       warnings.simplefilter("ignore")
-      report = prune_moe(model, calib, method=method, verbose=0,
-                         **_pattern_args(pattern))
+      report = prune_moe(model, calib, verbose=0, **_pattern_args(pattern),
+                         **VARIANTS.get(method, {"method": method}))
     ppl = reference_lm.perplexity(model, x_eval, y_eval)
     seeds_here = range(seeds) if method == "magnitude" else [seed]
     for s in seeds_here:

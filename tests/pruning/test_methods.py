@@ -178,6 +178,47 @@ def test_sparsegpt_update_reduces_output_error():
     assert err_gpt < 0.8 * err_masked
 
 
+def test_refit_is_the_least_squares_fit_of_the_kept_weights():
+  # For the mask SparseGPT chose, each output neuron's kept weights solved
+  # exactly (lstsq of the dense output on the kept inputs' columns): the
+  # output error at or below the OBS update's, the mask unchanged.
+  rng = np.random.default_rng(7)
+  x = rng.normal(size=(400, 24)) @ rng.normal(size=(24, 24))
+  w = rng.normal(size=(24, 12))
+  h = x.T @ x
+  for pattern in (Pattern(sparsity=0.5), Pattern(n=2, m=4)):
+    obs, keep = methods.sparsegpt(w, h, pattern, blocksize=8, percdamp=0.0)
+    refit, refit_keep = methods.sparsegpt(w, h, pattern, blocksize=8,
+                                          percdamp=0.0, refit=True)
+    np.testing.assert_array_equal(refit_keep, keep)
+    assert np.all(refit[~keep] == 0)
+    for o in range(w.shape[1]):
+      want = np.zeros(24)
+      want[keep[:, o]] = np.linalg.lstsq(x[:, keep[:, o]], x @ w[:, o],
+                                         rcond=None)[0]
+      np.testing.assert_allclose(refit[:, o], want, rtol=1e-7, atol=1e-9)
+      assert (np.linalg.norm(x @ (refit[:, o] - w[:, o])) <=
+              np.linalg.norm(x @ (obs[:, o] - w[:, o])) + 1e-9)
+
+
+def test_refit_rows_keeping_different_counts():
+  # masked_refit batches rows by how many inputs they keep; rows keeping
+  # 1, 3 and all 4 inputs, and one keeping none, each solved on its own.
+  rng = np.random.default_rng(8)
+  x = rng.normal(size=(50, 4))
+  h = x.T @ x
+  w = rng.normal(size=(4, 4))  # rows = output neurons
+  keep = np.array([[True, False, False, False], [True, True, False, True],
+                   [True] * 4, [False] * 4])
+  out = methods.masked_refit(w, keep, h, chunk_bytes=1)
+  for r in range(4):
+    want = np.zeros(4)
+    if keep[r].any():
+      want[keep[r]] = np.linalg.lstsq(x[:, keep[r]], x @ w[r],
+                                      rcond=None)[0]
+    np.testing.assert_allclose(out[r], want, atol=1e-9)
+
+
 def test_block_counts_add_up():
   assert sum(methods._block_counts(300, 128, 0.5)) == 150  # pylint: disable=protected-access
   assert methods._block_counts(256, 128, 0.7) == [90, 89]  # pylint: disable=protected-access

@@ -58,7 +58,10 @@ def test_router_obs_is_obs_on_the_gate_weighted_hessian():
   stats.add(x[25:], gates[25:])
   new, keep = methods.prune_kernel("router_obs", kernel, stats,
                                    Pattern(sparsity=0.5), percdamp=0.01,
-                                   prior_tokens=prior)
+                                   prior_tokens=prior, refit=False)
+  refit, refit_keep = methods.prune_kernel(
+      "router_obs", kernel, stats, Pattern(sparsity=0.5), percdamp=0.01,
+      prior_tokens=prior)  # the default: the kept weights refit
   hessians = np.zeros((experts, d_in, d_in))
   for t in range(tokens):
     for e in range(experts):
@@ -70,6 +73,19 @@ def test_router_obs_is_obs_on_the_gate_weighted_hessian():
                                   0.5, 0.01)
     np.testing.assert_array_equal(keep[e], want_keep)
     np.testing.assert_allclose(new[e], want, atol=1e-9)
+    # Refit: the same mask; each output neuron's kept weights the least
+    # squares fit, through the damped Hessian's square root, of its dense
+    # output (lstsq on the kept columns).
+    np.testing.assert_array_equal(refit_keep[e], want_keep)
+    damped = hessians[e] + prior * pooled
+    damped += 0.01 * np.mean(np.diag(damped)) * np.eye(d_in)
+    root = np.linalg.cholesky(damped).T  # root.T @ root == damped
+    for o in range(d_out):
+      kept = want_keep[:, o]
+      fit = np.zeros(d_in)
+      fit[kept] = np.linalg.lstsq(root[:, kept], root @ kernel[e][:, o],
+                                  rcond=None)[0]
+      np.testing.assert_allclose(refit[e][:, o], fit, atol=1e-9)
   assert (keep.sum(axis=1) == 3).all()
 
 
@@ -81,12 +97,13 @@ def test_with_every_gate_one_and_no_prior_it_is_sparsegpt():
   stats = methods.Stats.zeros(2, 8, hessian=True, gated_hessian=True)
   stats.add(x, routed.astype(np.float64))
   for pattern in (Pattern(sparsity=0.5), Pattern(n=2, m=4)):
-    ours = methods.prune_kernel("router_obs", kernel, stats, pattern,
-                                blocksize=4, prior_tokens=0.0)
-    theirs = methods.prune_kernel("sparsegpt", kernel, stats, pattern,
-                                  blocksize=4)
-    np.testing.assert_array_equal(ours[1], theirs[1])
-    np.testing.assert_allclose(ours[0], theirs[0], atol=1e-12)
+    for refit in (False, True):
+      ours = methods.prune_kernel("router_obs", kernel, stats, pattern,
+                                  blocksize=4, prior_tokens=0.0, refit=refit)
+      theirs = methods.prune_kernel("sparsegpt", kernel, stats, pattern,
+                                    blocksize=4, refit=refit)
+      np.testing.assert_array_equal(ours[1], theirs[1])
+      np.testing.assert_allclose(ours[0], theirs[0], atol=1e-12)
 
 
 def test_an_expert_without_tokens_is_pruned_by_the_pooled_hessian():
@@ -101,7 +118,8 @@ def test_an_expert_without_tokens_is_pruned_by_the_pooled_hessian():
                                 Pattern(sparsity=0.5), prior_tokens=16.0,
                                 fallback_experts=[1])
   pooled = (gates[:, :1] * x).T @ (gates[:, :1] * x) / 30
-  want, _ = methods.sparsegpt(kernel[1], 16.0 * pooled, Pattern(sparsity=0.5))
+  want, _ = methods.sparsegpt(kernel[1], 16.0 * pooled, Pattern(sparsity=0.5),
+                              refit=True)
   np.testing.assert_allclose(new[1], want, atol=1e-12)
   magnitude = np.where(np.abs(kernel[1]) >= np.median(
       np.abs(kernel[1]), axis=0), kernel[1], 0)
@@ -180,5 +198,11 @@ def test_bad_arguments_name_themselves(tiny_moe):
                      "multiple of M=4"):
     prune_moe(model, x, method="router_obs", pattern="2:4", blocksize=6,
               verbose=0)
+  with pytest.raises(ValueError, match=r"Argument `refit` must be True, "
+                     r"False or None. Received: refit='yes'"):
+    prune_moe(model, x, method="router_obs", refit="yes", verbose=0)
+  with pytest.raises(ValueError, match=r"Argument `refit` must be None or "
+                     r"False with method='wanda'"):
+    prune_moe(model, x, method="wanda", refit=True, verbose=0)
   for v in model.weights:  # nothing was changed by the refused calls
     np.testing.assert_array_equal(v.numpy(), weights[v.path])

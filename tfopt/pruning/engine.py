@@ -124,7 +124,7 @@ def prune_moe(model, data, method: str = "moe_pruner", sparsity=None,
               pattern=None, *, batch_size: int = 16,
               wanda_tokens: str = "routed", blocksize: int = 128,
               percdamp: float = 0.01, min_tokens: int = 16,
-              prior_tokens: float = 128.0,
+              prior_tokens: float = 128.0, refit: bool | None = None,
               previous_masks: dict | None = None, install: bool = False,
               also_prune=None, verbose: int = 1) -> PruneReport:
   """Prunes every recognised MoE layer's expert kernels in place.
@@ -149,6 +149,10 @@ def prune_moe(model, data, method: str = "moe_pruner", sparsity=None,
       pooled Hessian), with a warning.
     prior_tokens: router_obs: pseudo-tokens of the layer's pooled
       per-token Hessian added to each expert's (a number >= 0).
+    refit: sparsegpt and router_obs: once the mask is chosen, solve each
+      output neuron's kept weights exactly for the least output error
+      (`tfopt.pruning.methods.masked_refit`); None: router_obs does,
+      sparsegpt (as its paper) does not.
     previous_masks: {path: keep} already applied (gradual pruning): those
       weights stay pruned. Not supported with sparsegpt or router_obs.
     also_prune: only expert kernels are pruned unless asked: a regex (or a
@@ -163,7 +167,7 @@ def prune_moe(model, data, method: str = "moe_pruner", sparsity=None,
   import keras  # pylint: disable=import-outside-toplevel
   opts = _Options(method, resolve_pattern(sparsity, pattern), wanda_tokens,
                   blocksize, percdamp, min_tokens, previous_masks or {},
-                  prior_tokens)
+                  prior_tokens, refit)
   _check_arguments(opts, batch_size)
   layers = find_moe_layers(model)
   adapters = {id(layer): adapter_for(layer) for layer in layers}
@@ -201,6 +205,7 @@ class _Options:
   min_tokens: int
   previous_masks: dict
   prior_tokens: float = 128.0
+  refit: bool | None = None
 
   @property
   def uses_data(self) -> bool:
@@ -229,6 +234,13 @@ def _check_arguments(opts: _Options, batch_size: int) -> None:
   if isinstance(prior, bool) or not isinstance(prior, (int, float)) or \
       not prior >= 0 or prior == float("inf"):
     raise invalid_argument("prior_tokens", "a finite number >= 0", prior)
+  if opts.refit is not None and not isinstance(opts.refit, bool):
+    raise invalid_argument("refit", "True, False or None", opts.refit)
+  if opts.refit and not obs:
+    raise invalid_argument("refit", f"None or False with method="
+                           f"{opts.method!r} (it refits the kept weights of "
+                           f"the OBS methods {methods_lib.OBS_METHODS})",
+                           opts.refit)
 
 
 def _prune_layer(model, layer, adapter, batches, opts: _Options,
@@ -349,7 +361,8 @@ def _prune(opts: _Options, old, stats, starved, prev):
     return methods_lib.prune_kernel(
         method, old, stats, pat, wanda_tokens=wanda_tokens,
         blocksize=opts.blocksize, percdamp=opts.percdamp,
-        fallback_experts=starved, prior_tokens=opts.prior_tokens)
+        fallback_experts=starved, prior_tokens=opts.prior_tokens,
+        refit=opts.refit)
   # Gradual pruning: weights pruned before score below everything else, so
   # the new mask contains the old one (the counts are exact and larger).
   s = (np.abs(old) if method == "magnitude" else

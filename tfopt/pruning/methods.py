@@ -26,7 +26,16 @@
   benchmark does not report (0, 128, 512, 2048, 8192 tried, calibration
   seeds 0 and 1): with no prior, router-OBS lost to SparseGPT at 50 % on
   one seed; 128-512 won on both, at 50 % and 2:4; 2048 and more drowned
-  the experts' own statistics and lost.
+  the experts' own statistics and lost. Once the mask is chosen, the kept
+  weights are solved for exactly (`masked_refit`: per output neuron the
+  least-squares optimum of the same gated error for that mask, which
+  SparseGPT's column-by-column update only approaches, since it never
+  revisits the columns already fixed); `refit=False` skips it. On the
+  same held-out windows (seeds 0 and 1, prior 128) the refit lowered
+  perplexity / dense from 1.035-1.039 to 1.028-1.031 at 50 % and from
+  1.053-1.056 to 1.040 at 2:4, and 128 stayed as good a prior as any
+  with it (32 tied; 0, 512 and 2048 lost). SparseGPT keeps the paper's
+  update (no refit) unless asked.
 
 `Stats` holds what each needs per expert; `prune_kernel` turns a kernel,
 its stats and a pattern into (new kernel, keep-mask).
@@ -142,14 +151,15 @@ def _block_counts(d_in: int, blocksize: int, sparsity: float) -> list[int]:
 
 
 def sparsegpt(kernel: np.ndarray, hessian: np.ndarray, pattern: Pattern,
-              blocksize: int = 128, percdamp: float = 0.01
-              ) -> tuple[np.ndarray, np.ndarray]:
+              blocksize: int = 128, percdamp: float = 0.01,
+              refit: bool = False) -> tuple[np.ndarray, np.ndarray]:
   """SparseGPT on one kernel (d_in, d_out) with Hessian (d_in, d_in).
 
   Works on W = kernel.T (rows = output neurons, columns = inputs) as the
   paper does. Returns (pruned kernel (d_in, d_out), keep-mask). Each output
   neuron loses exactly int(s * d_in) weights (unstructured; the per-block
-  counts add up to it) or keeps N of every M (N:M).
+  counts add up to it) or keeps N of every M (N:M). With `refit`, the
+  kept weights are then solved for exactly (`masked_refit`).
   """
   w = np.array(kernel, dtype=np.float64).T
   h = np.array(hessian, dtype=np.float64)
@@ -157,6 +167,7 @@ def sparsegpt(kernel: np.ndarray, hessian: np.ndarray, pattern: Pattern,
   dead = np.diag(h) == 0
   h[dead, dead] = 1.0
   w[:, dead] = 0.0
+  original = w.copy()
   damp = percdamp * float(np.mean(np.diag(h)))
   h[np.diag_indices(cols)] += damp
   try:
@@ -196,20 +207,62 @@ def sparsegpt(kernel: np.ndarray, hessian: np.ndarray, pattern: Pattern,
     w[:, i1:i2] = q1
     keep[:, i1:i2] = keep1
     w[:, i2:] -= err1 @ hinv[i1:i2, i2:]
+  if refit:
+    w = masked_refit(original, keep, h)
   return w.T, keep.T
+
+
+def masked_refit(w: np.ndarray, keep: np.ndarray, hessian: np.ndarray,
+                 chunk_bytes: int = 64 << 20) -> np.ndarray:
+  """The kept weights that minimise the layer's output error for a fixed
+  mask: per row r (an output neuron) of `w` (rows, d_in),
+  min over w'_K of (w' - w_r)^T H (w' - w_r) with w'_P = 0 for the pruned
+  inputs P, whose optimum is w'_K = w_K + H_KK^-1 H_KP w_P.
+
+  SparseGPT's column-by-column update reaches it only approximately: the
+  error of pruning column i is spread over the columns after i, never the
+  kept ones before it. Rows keep different inputs, so each row is its own
+  |K| x |K| system; rows keeping as many inputs (every row under N:M and
+  under SparseGPT's per-row counts) are solved in batches of at most
+  `chunk_bytes` of matrices. Cost: rows x |K|^3 / 3 multiply-adds.
+  """
+  out = np.zeros_like(w)
+  kept = keep.sum(axis=1)
+  for count in np.unique(kept):
+    rows = np.flatnonzero(kept == count)
+    if count == 0:
+      continue
+    step = max(1, chunk_bytes // (8 * int(count) ** 2))
+    for lo in range(0, len(rows), step):
+      batch = rows[lo:lo + step]
+      k_idx = np.stack([np.flatnonzero(keep[r]) for r in batch])
+      p_idx = np.stack([np.flatnonzero(~keep[r]) for r in batch])
+      h_kk = hessian[k_idx[:, :, None], k_idx[:, None, :]]
+      h_kp = hessian[k_idx[:, :, None], p_idx[:, None, :]]
+      w_p = np.take_along_axis(w[batch], p_idx, axis=1)
+      w_k = np.take_along_axis(w[batch], k_idx, axis=1)
+      delta = np.linalg.solve(
+          h_kk, np.einsum("bkp,bp->bk", h_kp, w_p)[..., None])[..., 0]
+      out[batch[:, None], k_idx] = w_k + delta
+  return out
 
 
 def prune_kernel(method: str, kernel: np.ndarray, stats: Stats | None,
                  pattern: Pattern, *, wanda_tokens: str = "routed",
                  blocksize: int = 128, percdamp: float = 0.01,
-                 fallback_experts=(), prior_tokens: float = 128.0
+                 fallback_experts=(), prior_tokens: float = 128.0,
+                 refit: bool | None = None
                  ) -> tuple[np.ndarray, np.ndarray]:
   """(pruned kernel, keep-mask) for a stacked kernel (E, d_in, d_out).
 
   Experts listed in `fallback_experts` (no calibration tokens) are pruned
   by magnitude within each output neuron instead, the caller warns;
-  router_obs has none (the layer's pooled Hessian stands in).
+  router_obs has none (the layer's pooled Hessian stands in). `refit`
+  (OBS methods): solve the kept weights exactly after the mask is chosen
+  (`masked_refit`); None: router_obs does, sparsegpt (as the paper) not.
   """
+  if refit is None:
+    refit = method == "router_obs"
   kernel = np.asarray(kernel, dtype=np.float64)
   fallback = set(int(e) for e in fallback_experts)
   if method in OBS_METHODS:
@@ -225,7 +278,7 @@ def prune_kernel(method: str, kernel: np.ndarray, stats: Stats | None,
         new[e] = np.where(keep[e], kernel[e], 0.0)
       else:
         new[e], keep[e] = sparsegpt(kernel[e], hessians[e], pattern,
-                                    blocksize, percdamp)
+                                    blocksize, percdamp, refit)
     return new, keep
   s = scores(method, kernel, stats, wanda_tokens)
   if fallback and method != "magnitude":
