@@ -45,6 +45,25 @@ def test_judge_against_the_mean_one_training_and_the_repeatability():
   assert repeatability(single) is None
 
 
+def test_judge_by_the_test_log_likelihood():
+  # The same by-hand ranking, judged by the log-likelihood truth: accuracy
+  # ties broken by it (op1 and op2 tie on accuracy, not on likelihood).
+  rows = [{"arch": [f"op{i}"], "test": [a, a], "test_ll": [ll, ll + 0.01]}
+          for i, (a, ll) in enumerate([(0.5, -0.9), (0.7, -0.5),
+                                       (0.7, -0.6), (0.9, -0.2)])]
+  oneshot = {("op0",): 0.0, ("op1",): 2.0, ("op2",): 1.0, ("op3",): 3.0}
+  assert judge(oneshot, rows, truth="test_ll") == {"tau": 1.0,
+                                                   "tau_single": 1.0}
+  # On accuracy the tie op1 = op2 costs tau-b: 5 concordant pairs of 6
+  # with one tie in the truth.
+  assert judge(oneshot, rows)["tau"] == pytest.approx(
+      stats.kendalltau([0, 2, 1, 3], [0.5, 0.7, 0.7, 0.9]).statistic)
+  assert repeatability(rows, truth="test_ll") == 1.0
+  with pytest.raises(ValueError, match=r"Argument `truth` must be one of "
+                     r"\('test', 'test_ll'\). Received: truth='val'"):
+    judge(oneshot, rows, truth="val")
+
+
 def test_judge_names_an_unscored_architecture():
   with pytest.raises(ValueError, match=r"Argument `scores` must be a score "
                      r"for every row's architecture \(missing \[\['op1'\]"):
@@ -90,6 +109,8 @@ def test_truth_table_repeats_are_the_stand_alone_recipe_at_their_seeds():
                                 seed=5 + REPEAT_SEED_STRIDE * r)
       assert row["test"][r] == pytest.approx(direct.test_accuracy,
                                               abs=1.5 / len(split.y_test))
+      assert row["test_ll"][r] == pytest.approx(direct.test_log_likelihood,
+                                                rel=0.05)
       assert row["val"][r] == pytest.approx(direct.val_accuracy,
                                              abs=1.5 / len(split.y_val))
     assert row["steps"] == direct.steps and row["params"] == direct.params
@@ -128,3 +149,18 @@ def test_rank_methods_check_their_arguments_before_training():
     rank_methods(space, split, steps=2, multiples=(1, 1))
   with pytest.raises(ValueError, match=r"Argument `multiples\[i\]`"):
     rank_methods(space, split, steps=2, multiples=(0,))
+
+
+def test_the_test_log_likelihood_is_minus_keras_cross_entropy():
+  import keras  # pylint: disable=import-outside-toplevel
+  from tfopt.nas.search import _test_scores  # pylint: disable=import-outside-toplevel
+  rng = np.random.default_rng(0)
+  x = rng.normal(size=(40, 5)).astype("float32")
+  y = rng.integers(0, 3, size=40)
+  keras.utils.set_random_seed(0)
+  model = keras.Sequential([keras.Input((5,)), keras.layers.Dense(3)])
+  accuracy, ll = _test_scores(model, x, y)
+  logits = np.asarray(model(x))
+  loss = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+  assert ll == pytest.approx(-float(loss(y, logits)), rel=1e-5)
+  assert accuracy == pytest.approx(float((logits.argmax(1) == y).mean()))

@@ -7,19 +7,22 @@ few hundred test images, two trainings of the same sub-graph from different
 initializations differ by about as much as close sub-graphs do. So the
 truth here is each sub-graph trained `repeats` times (initialization and
 shuffling seeds `seed + 1000 * r`; repeat 0 is `train_standalone`'s own
-recipe), scored by its mean test accuracy, and the **repeatability** is
-the tau between two repeats: how well one stand-alone training ranks
-another. A one-shot ranking is judged against the mean and against repeat
+recipe), scored by its mean test accuracy (`truth="test"`) or by its
+mean test log-likelihood (`truth="test_ll"`: the mean log-probability of
+the true class on the same test images, continuous where the accuracy of a
+few hundred images moves in steps), and the **repeatability** is the tau
+between two repeats: how well one stand-alone training ranks another. A one-shot ranking is judged against the mean and against repeat
 0 alone (the footing of the repeatability: not a ceiling, a ranking can
 agree with one training better than a second training does).
 
 - `sample_archs(space, count, seed)`: `count` distinct sub-graphs drawn
   uniformly (the held-out set), in enumeration order.
-- `truth_table(space, archs, split, ...)`: rows {arch, test, val, steps,
-  params} with one entry per repeat in `test` and `val`.
-- `judge(scores, rows)`: tau against the mean and against repeat 0.
-- `repeatability(rows)`: repeat 0 against repeat 1 (a property of the
-  truth, the same for every ranking judged against it).
+- `truth_table(space, archs, split, ...)`: rows {arch, test, test_ll,
+  val, steps, params} with one entry per repeat in each of `test`,
+  `test_ll` and `val`.
+- `judge(scores, rows, truth)`: tau against the mean and against repeat 0.
+- `repeatability(rows, truth)`: repeat 0 against repeat 1 (a property of
+  the truth, the same for every ranking judged against it).
 """
 
 from __future__ import annotations
@@ -35,6 +38,7 @@ from tfopt.nas.search import kendall_tau, train_standalone, train_supernet
 from tfopt.nas.space import SearchSpace
 
 REPEAT_SEED_STRIDE = 1000
+TRUTHS = ("test", "test_ll")  # test accuracy, test log-likelihood
 
 
 def sample_archs(space: SearchSpace, count: int, seed: int = 0) -> list:
@@ -70,15 +74,18 @@ def truth_table(space: SearchSpace, archs, split, epochs: int = 15,
         bar.add(1)
     rows.append({"arch": list(arch),
                  "test": [x.test_accuracy for x in runs],
+                 "test_ll": [x.test_log_likelihood for x in runs],
                  "val": [x.val_accuracy for x in runs],
                  "steps": runs[0].steps, "params": runs[0].params})
   return rows
 
 
-def judge(scores, rows) -> dict:
+def judge(scores, rows, truth: str = "test") -> dict:
   """Kendall tau-b of one-shot `scores` ({arch: score}, higher is better;
-  every row's arch must be scored) against `rows` of `truth_table`:
-  {"tau": vs the mean over repeats, "tau_single": vs repeat 0}."""
+  every row's arch must be scored) against `rows` of `truth_table` by
+  their `truth` (one of TRUTHS): {"tau": vs the mean over repeats,
+  "tau_single": vs repeat 0}."""
+  tests = _truth(rows, truth)
   scores = {tuple(a): s for a, s in dict(scores).items()}
   missing = [r["arch"] for r in rows if tuple(r["arch"]) not in scores]
   if missing:
@@ -86,17 +93,24 @@ def judge(scores, rows) -> dict:
                            f"architecture (missing {missing[:3]})",
                            f"{len(scores)} scores")
   oneshot = [scores[tuple(r["arch"])] for r in rows]
-  tests = np.array([r["test"] for r in rows], np.float64)
   return {"tau": kendall_tau(oneshot, tests.mean(axis=1)),
           "tau_single": kendall_tau(oneshot, tests[:, 0])}
 
 
-def repeatability(rows) -> float | None:
-  """Kendall tau-b of repeat 0 against repeat 1 of `truth_table` rows: how
-  well one stand-alone training ranks another (None with one repeat)."""
-  tests = np.array([r["test"] for r in rows], np.float64)
+def repeatability(rows, truth: str = "test") -> float | None:
+  """Kendall tau-b of repeat 0 against repeat 1 of `truth_table` rows by
+  their `truth`: how well one stand-alone training ranks another (None
+  with one repeat)."""
+  tests = _truth(rows, truth)
   return kendall_tau(tests[:, 0], tests[:, 1]) if tests.shape[1] > 1 \
       else None
+
+
+def _truth(rows, truth: str) -> np.ndarray:
+  """[archs, repeats] of `truth` (checked) from truth_table rows."""
+  if truth not in TRUTHS:
+    raise invalid_argument("truth", f"one of {TRUTHS}", truth)
+  return np.array([r[truth] for r in rows], np.float64)
 
 
 def rank_methods(space: SearchSpace, split, steps: int, seed: int = 0,
