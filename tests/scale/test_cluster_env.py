@@ -70,6 +70,15 @@ def test_tasks_per_node_expand():
     expand_tasks_per_node("two")
 
 
+def test_the_batch_script_outside_srun_is_one_process_alone():
+  # sbatch runs the script itself with job variables but no job step:
+  # rank 0 of N would wait for peers that were never started.
+  place = place_from_environ({"SLURM_PROCID": "0", "SLURM_NTASKS": "4",
+                              "SLURM_JOB_NODELIST": "node[1-2]",
+                              "SLURM_TASKS_PER_NODE": "2(x2)"})
+  assert (place.worker, place.workers, place.source) == (0, 1, "single")
+
+
 def _slurm(rank, node, local, distribution=None, **extra):
   env = {"SLURM_PROCID": str(rank), "SLURM_NODEID": str(node),
          "SLURM_LOCALID": str(local), "SLURM_STEP_NUM_TASKS": "5",
@@ -87,8 +96,9 @@ def test_slurm_block_and_cyclic_layouts():
   assert rank == 3 and cluster == {"worker": [
       "node9:7000", "node9:7001", "node10:7000", "node10:7001",
       "gpu01:7000"]}
-  # cyclic: one rank per node in turn, skipping full nodes.
-  cluster, rank = slurm_cluster(_slurm(2, 2, 0, "cyclic:block"), 7000)
+  # cyclic: one rank per node in turn, skipping full nodes (",Pack"
+  # changes nothing once SLURM gave the counts per node).
+  cluster, rank = slurm_cluster(_slurm(2, 2, 0, "cyclic:block,Pack"), 7000)
   assert rank == 2 and cluster == {"worker": [
       "node9:7000", "node10:7000", "gpu01:7000", "node9:7001",
       "node10:7001"]}
@@ -105,13 +115,19 @@ def test_slurm_place_with_port_base_and_requeue_count():
 
 
 @pytest.mark.parametrize("changes,match", [
-    ({"SLURM_NODEID": "2"}, "SLURM_NODEID=2"),  # rank 1 is on node9
-    ({"SLURM_STEP_NUM_TASKS": "4"}, "disagree"),
-    ({"SLURM_DISTRIBUTION": "plane=2"}, "SLURM_DISTRIBUTION"),
-    ({"SLURM_PROCID": "7"}, "SLURM_PROCID"),
-    ({"SLURM_STEP_NODELIST": "", "SLURM_JOB_NODELIST": ""}, "srun"),
-    ({"TFOPT_SLURM_PORT_BASE": "eighty"}, "TFOPT_SLURM_PORT_BASE"),
-    ({"SLURM_STEP_NODELIST": "n[a-b]"}, "not numeric"),
+    ({"SLURM_NODEID": "2"}, "`SLURM_NODEID` must be 0 for task 1.*"
+                            "Received: SLURM_NODEID=2"),  # on node9
+    ({"SLURM_STEP_NUM_TASKS": "4"}, "must agree.*SLURM_STEP_NUM_TASKS=4"),
+    ({"SLURM_DISTRIBUTION": "plane=2"},
+     "Received: SLURM_DISTRIBUTION=plane=2"),
+    ({"SLURM_PROCID": "7"}, "Received: SLURM_PROCID=7"),
+    ({"SLURM_STEP_NODELIST": ""}, "`SLURM_STEP_NODELIST` must be set.*srun"),
+    ({"TFOPT_SLURM_PORT_BASE": "eighty"}, "`TFOPT_SLURM_PORT_BASE` must be "
+                                          "an integer"),
+    ({"SLURM_STEP_NODELIST": "n[a-b]"}, "`SLURM_STEP_NODELIST` must have "
+                                        "numeric ranges"),
+    ({"SLURM_STEP_TASKS_PER_NODE": "two"}, "`SLURM_STEP_TASKS_PER_NODE` "
+                                           "must look like"),
 ])
 def test_slurm_variables_that_cannot_be_used_are_named(changes, match):
   with pytest.raises(ValueError, match=match):

@@ -223,16 +223,19 @@ def masked_refit(w: np.ndarray, keep: np.ndarray, hessian: np.ndarray,
   error of pruning column i is spread over the columns after i, never the
   kept ones before it. Rows keep different inputs, so each row is its own
   |K| x |K| system; rows keeping as many inputs (every row under N:M and
-  under SparseGPT's per-row counts) are solved in batches of at most
-  `chunk_bytes` of matrices. Cost: rows x |K|^3 / 3 multiply-adds.
+  under SparseGPT's per-row counts) are solved in batches whose H_KK and
+  H_KP blocks take at most about `chunk_bytes` (at least one row). Cost:
+  rows x |K|^3 / 3 multiply-adds.
   """
+  keep = np.asarray(keep, dtype=bool)
   out = np.zeros_like(w)
   kept = keep.sum(axis=1)
   for count in np.unique(kept):
     rows = np.flatnonzero(kept == count)
     if count == 0:
       continue
-    step = max(1, chunk_bytes // (8 * int(count) ** 2))
+    # H_KK and H_KP of a row: |K| x d_in float64 values.
+    step = max(1, chunk_bytes // (8 * int(count) * keep.shape[1]))
     for lo in range(0, len(rows), step):
       batch = rows[lo:lo + step]
       k_idx = np.stack([np.flatnonzero(keep[r]) for r in batch])
@@ -263,6 +266,10 @@ def prune_kernel(method: str, kernel: np.ndarray, stats: Stats | None,
   """
   if refit is None:
     refit = method == "router_obs"
+  if refit and method not in OBS_METHODS:
+    raise invalid_argument("refit", f"None or False with method={method!r} "
+                           f"(it refits the kept weights of the OBS methods "
+                           f"{OBS_METHODS})", refit)
   kernel = np.asarray(kernel, dtype=np.float64)
   fallback = set(int(e) for e in fallback_experts)
   if method in OBS_METHODS:

@@ -11,9 +11,11 @@ in its own way, and the same training script has to read it:
   then worker i + 1: the order MultiWorkerMirroredStrategy ranks them in.
   Only chief and worker tasks train data-parallel; a "ps" or "evaluator"
   task is refused with the reason.
-- **SLURM** (`srun`): SLURM_PROCID, SLURM_STEP_NUM_TASKS (or
-  SLURM_NTASKS), SLURM_STEP_NODELIST (or SLURM_JOB_NODELIST) and
-  SLURM_STEP_TASKS_PER_NODE (or SLURM_TASKS_PER_NODE). The cluster spec is
+- **SLURM** (a job step started by `srun`): SLURM_PROCID,
+  SLURM_STEP_NUM_TASKS, SLURM_STEP_NODELIST and SLURM_STEP_TASKS_PER_NODE.
+  A process of the batch script itself (no step variables: `python
+  train.py` in an sbatch script, not under srun) is one process alone, not
+  rank 0 of a job that would wait for peers never started. The spec is
   built here rather than by TensorFlow's SlurmClusterResolver, which on
   nodes without GPUs finds no task (it pairs tasks with GPUs, and calls
   nvidia-smi to count them), orders the nodes by sorted name (node10
@@ -75,7 +77,7 @@ def place_from_environ(environ) -> Place:
   if rank is not None:
     return Place(worker=rank[0], workers=rank[1], attempt=attempt,
                  run_dir=run_dir, source="tf_config")
-  if "SLURM_PROCID" in environ:
+  if "SLURM_PROCID" in environ and "SLURM_STEP_NUM_TASKS" in environ:
     port_base = _int_var(environ, ENV_SLURM_PORT_BASE,
                          DEFAULT_SLURM_PORT_BASE)
     cluster, rank = slurm_cluster(environ, port_base)
@@ -98,13 +100,13 @@ def tf_config_rank(text: str) -> tuple[int, int] | None:
     cluster, task = config["cluster"], config["task"]
     kind, index = task["type"], int(task["index"])
   except (ValueError, TypeError, KeyError) as err:
-    raise ValueError(f"Environment variable TF_CONFIG must be JSON with "
+    raise ValueError(f"Environment variable `TF_CONFIG` must be JSON with "
                      f"'cluster' and 'task' ({{'type', 'index'}}); {err!r}. "
                      f"Received: TF_CONFIG={text[:200]!r}") from None
   others = sorted(set(cluster) - set(TRAINING_TASKS))
   if kind not in TRAINING_TASKS or others:
     raise ValueError(
-        f"Environment variable TF_CONFIG must describe data-parallel "
+        f"Environment variable `TF_CONFIG` must describe data-parallel "
         f"training (only {' and '.join(TRAINING_TASKS)} tasks: "
         f"tfopt.scale.worker trains with MultiWorkerMirroredStrategy; "
         f"ParameterServerStrategy jobs use tfopt.scale.ps). Received: task "
@@ -113,7 +115,7 @@ def tf_config_rank(text: str) -> tuple[int, int] | None:
   workers = chiefs + len(cluster.get("worker", []))
   rank = index if kind == "chief" else chiefs + index
   if not 0 <= rank < workers or (kind == "chief" and index >= chiefs):
-    raise ValueError(f"Environment variable TF_CONFIG must name a task of "
+    raise ValueError(f"Environment variable `TF_CONFIG` must name a task of "
                      f"its cluster. Received: task {kind}:{index} in "
                      f"{ {k: len(v) for k, v in cluster.items()} }")
   return rank, workers
@@ -124,33 +126,41 @@ def slurm_cluster(environ, port_base: int = DEFAULT_SLURM_PORT_BASE
   """({"worker": ["node:port", ...]} in rank order, this task's rank) from
   SLURM's variables (see the module doc)."""
   rank = _int_var(environ, "SLURM_PROCID", 0)
-  nodes = expand_hostlist(_first_var(environ, "SLURM_STEP_NODELIST",
-                                     "SLURM_JOB_NODELIST", "SLURM_NODELIST"))
-  per_node = expand_tasks_per_node(_first_var(
-      environ, "SLURM_STEP_TASKS_PER_NODE", "SLURM_TASKS_PER_NODE"))
-  ntasks = int(_first_var(environ, "SLURM_STEP_NUM_TASKS", "SLURM_NTASKS"))
+  nodes = expand_hostlist(_step_var(environ, "SLURM_STEP_NODELIST"),
+                          "SLURM_STEP_NODELIST")
+  per_node = expand_tasks_per_node(
+      _step_var(environ, "SLURM_STEP_TASKS_PER_NODE"),
+      "SLURM_STEP_TASKS_PER_NODE")
+  ntasks = _int_var(environ, "SLURM_STEP_NUM_TASKS", 0)
   if len(per_node) != len(nodes) or sum(per_node) != ntasks:
     raise ValueError(
-        f"SLURM's variables disagree: {len(nodes)} nodes {nodes[:8]}, tasks "
-        f"per node {per_node[:8]} (sum {sum(per_node)}), {ntasks} tasks.")
-  distribution = environ.get("SLURM_DISTRIBUTION", "block").split(":")[0]
-  slots = _assign(per_node, distribution)  # rank -> (node, local index)
+        f"Environment variables SLURM_STEP_NODELIST, "
+        f"SLURM_STEP_TASKS_PER_NODE and SLURM_STEP_NUM_TASKS must agree. "
+        f"Received: {len(nodes)} nodes {nodes[:8]}, tasks per node "
+        f"{per_node[:8]} (sum {sum(per_node)}), SLURM_STEP_NUM_TASKS="
+        f"{ntasks}")
+  text = environ.get("SLURM_DISTRIBUTION", "block")
+  slots = _assign(per_node, text)  # rank -> (node, local index)
   if not 0 <= rank < ntasks:
-    raise ValueError(f"Environment variable SLURM_PROCID must be in [0, "
+    raise ValueError(f"Environment variable `SLURM_PROCID` must be in [0, "
                      f"{ntasks}). Received: SLURM_PROCID={rank}")
   node, local = slots[rank]
   for var, expected in (("SLURM_NODEID", node), ("SLURM_LOCALID", local)):
-    if var in environ and int(environ[var]) != expected:
+    if var in environ and _int_var(environ, var, 0) != expected:
       raise ValueError(
-          f"SLURM placed task {rank} at {var}={environ[var]}, but the "
-          f"{distribution!r} distribution over {nodes[:8]} puts it at "
-          f"{expected}: give the cluster spec through TF_CONFIG instead.")
+          f"Environment variable `{var}` must be {expected} for task {rank} "
+          f"under SLURM_DISTRIBUTION={text!r} over {nodes[:8]} (else give "
+          f"the cluster spec through TF_CONFIG). Received: "
+          f"{var}={environ[var]}")
   spec = [f"{nodes[n]}:{port_base + i}" for n, i in slots]
   return {"worker": spec}, rank
 
 
-def _assign(per_node: list[int], distribution: str) -> list[tuple[int, int]]:
-  """(node, local index) of each rank under SLURM's node distribution."""
+def _assign(per_node: list[int], text: str) -> list[tuple[int, int]]:
+  """(node, local index) of each rank under SLURM_DISTRIBUTION `text`:
+  its node part (before ':' and ','; ",Pack" and ",NoPack" change how
+  tasks fill nodes whose counts SLURM already gave)."""
+  distribution = text.split(":")[0].split(",")[0]
   if distribution in ("block", "*", ""):
     return [(n, i) for n, count in enumerate(per_node) for i in range(count)]
   if distribution == "cyclic":
@@ -161,16 +171,17 @@ def _assign(per_node: list[int], distribution: str) -> list[tuple[int, int]]:
           slots.append((n, placed[n]))
           placed[n] += 1
     return slots
-  raise ValueError(f"Environment variable SLURM_DISTRIBUTION must start "
+  raise ValueError(f"Environment variable `SLURM_DISTRIBUTION` must start "
                    f"with block or cyclic (other distributions cannot be "
                    f"derived here: give the cluster spec through TF_CONFIG "
-                   f"instead). Received: SLURM_DISTRIBUTION={distribution}")
+                   f"instead). Received: SLURM_DISTRIBUTION={text}")
 
 
 _GROUP = re.compile(r"([^,\[]+)(?:\[([^\]]+)\])?([^,\[]*)(?:,|$)")
 
 
-def expand_hostlist(text: str) -> list[str]:
+def expand_hostlist(text: str, name: str = "SLURM_STEP_NODELIST"
+                    ) -> list[str]:
   """SLURM's compressed node list, in its order:
   "node[09-11,20],gpu1" -> node09, node10, node11, node20, gpu1 (zero
   padding kept; one bracket group per name)."""
@@ -179,8 +190,9 @@ def expand_hostlist(text: str) -> list[str]:
   while at < len(text):
     match = _GROUP.match(text, at)
     if not match or match.end() == at:
-      raise ValueError(f"SLURM's node list must be names with optional "
-                       f"[a-b,c] ranges. Received: {text!r}")
+      raise ValueError(f"Environment variable `{name}` must be node names "
+                       f"with optional [a-b,c] ranges, one group per name. "
+                       f"Received: {name}={text!r}")
     prefix, ranges, suffix = match.groups()
     if ranges is None:
       hosts.append(prefix + suffix)
@@ -188,33 +200,35 @@ def expand_hostlist(text: str) -> list[str]:
       for part in ranges.split(","):
         low, _, high = part.partition("-")
         if not low.isdigit() or (high and not high.isdigit()):
-          raise ValueError(f"SLURM's node list has a range that is not "
-                           f"numeric: [{ranges}]. Received: {text!r}")
+          raise ValueError(f"Environment variable `{name}` must have "
+                           f"numeric ranges, not [{ranges}]. Received: "
+                           f"{name}={text!r}")
         for number in range(int(low), int(high or low) + 1):
           hosts.append(f"{prefix}{number:0{len(low)}d}{suffix}")
     at = match.end()
   return hosts
 
 
-def expand_tasks_per_node(text: str) -> list[int]:
+def expand_tasks_per_node(text: str,
+                          name: str = "SLURM_STEP_TASKS_PER_NODE"
+                          ) -> list[int]:
   """SLURM's tasks per node: "2(x3),1" -> [2, 2, 2, 1]."""
   counts = []
   for part in text.split(","):
     match = re.fullmatch(r"\s*(\d+)(?:\(x(\d+)\))?\s*", part)
     if not match:
-      raise ValueError(f"SLURM's tasks per node must look like '2(x3),1'. "
-                       f"Received: {text!r}")
+      raise ValueError(f"Environment variable `{name}` must look like "
+                       f"'2(x3),1'. Received: {name}={text!r}")
     counts += [int(match.group(1))] * int(match.group(2) or 1)
   return counts
 
 
-def _first_var(environ, *names: str) -> str:
-  for name in names:
-    if environ.get(name):
-      return environ[name]
-  raise ValueError(f"SLURM_PROCID is set but none of {', '.join(names)} "
-                   f"is: the job step's layout is unknown (run the workers "
-                   f"with srun).")
+def _step_var(environ, name: str) -> str:
+  if environ.get(name):
+    return environ[name]
+  raise ValueError(f"Environment variable `{name}` must be set in a SLURM "
+                   f"job step (srun sets it with SLURM_STEP_NUM_TASKS). "
+                   f"Received: {name}={environ.get(name)!r}")
 
 
 def _int_var(environ, name: str, default: int) -> int:
@@ -224,5 +238,5 @@ def _int_var(environ, name: str, default: int) -> int:
   try:
     return int(text)
   except ValueError:
-    raise ValueError(f"Environment variable {name} must be an integer. "
+    raise ValueError(f"Environment variable `{name}` must be an integer. "
                      f"Received: {name}={text!r}") from None

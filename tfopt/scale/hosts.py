@@ -62,6 +62,8 @@ INTER_HOST_LATENCY_US = 200.0
 BASE_PORT = 2222
 # Nothing listens here: a connection is refused, which shows a host is up.
 _UNUSED_PORT = 1
+# A link probe's sockets give up after this long without progress.
+_PROBE_TIMEOUT_S = 30.0
 # A holder process: leaves for a network namespace of its own, asks the
 # kernel to kill it when its parent dies, says "ready" and sleeps.
 _HOLDER = (
@@ -126,25 +128,36 @@ def _stream_rate(sender, receiver, seconds: float) -> float:
   import socket  # pylint: disable=g-import-not-at-top
   import threading  # pylint: disable=g-import-not-at-top
   sender.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 128 << 10)
-  receiver.settimeout(30.0)
-  chunk, got = b"\0" * (64 << 10), {}
+  # Small chunks: a socket's timeout bounds a whole sendall, and a chunk
+  # must cross a slow link well within it.
+  chunk, got = b"\0" * (16 << 10), {}
 
   def drain():
-    total, first, last, skip = 0, None, None, 0
-    while data := receiver.recv(1 << 20):
-      now = time.perf_counter()
-      if first is None:
-        first, skip = now, len(data)
-      total, last = total + len(data), now
-    got["bits"] = 8 * (total - skip) / max(last - first, 1e-6)
+    try:
+      total, first, last, skip = 0, None, None, 0
+      while data := receiver.recv(1 << 20):
+        now = time.perf_counter()
+        if first is None:
+          first, skip = now, len(data)
+        total, last = total + len(data), now
+      if first is None or last == first:
+        raise OSError("too few bytes arrived to time the link")
+      got["bits"] = 8 * (total - skip) / (last - first)
+    except OSError as err:  # a timeout included
+      got["error"] = err
 
-  thread = threading.Thread(target=drain, name="tfopt-link-probe")
+  thread = threading.Thread(target=drain, name="tfopt-link-probe",
+                            daemon=True)
   thread.start()
-  deadline = time.perf_counter() + seconds
-  while time.perf_counter() < deadline:
-    sender.sendall(chunk)
-  sender.shutdown(socket.SHUT_WR)  # the receiver sees the end
-  thread.join()
+  try:
+    deadline = time.perf_counter() + seconds
+    while time.perf_counter() < deadline and thread.is_alive():
+      sender.sendall(chunk)
+    sender.shutdown(socket.SHUT_WR)  # the receiver sees the end
+  finally:
+    thread.join(_PROBE_TIMEOUT_S)
+  if "bits" not in got:
+    raise OSError(f"the link probe failed: {got.get('error', 'no answer')}")
   return got["bits"]
 
 
@@ -345,14 +358,17 @@ class LocalHosts:
     with netns.entered(self._hosts[host].fd):
       listener = socket.create_server((self.addresses[host], 0))
     try:
+      listener.settimeout(_PROBE_TIMEOUT_S)
       port = listener.getsockname()[1]
       with netns.entered(self._client.fd):
         outside = socket.create_connection((self.addresses[host], port),
-                                           timeout=5.0)
+                                           timeout=_PROBE_TIMEOUT_S)
       inside, _ = listener.accept()
     finally:
       listener.close()
     with outside, inside:
+      for end in (outside, inside):
+        end.settimeout(_PROBE_TIMEOUT_S)
       return {"down_bits": _stream_rate(outside, inside, seconds),
               "up_bits": _stream_rate(inside, outside, seconds)}
 
@@ -510,11 +526,15 @@ class LocalHosts:
     if all(bits is None for bits in self.rates_bits):
       return CommModel(intra)
     hosts = [self.host_of(k) for k in range(len(self.spec[self.job]))]
-    # A transfer between two hosts crosses both links: the slower one
-    # sets its rate.
+
+    def between(a: int, b: int) -> Link:
+      # A transfer between two hosts crosses both links: the slower
+      # shaped one sets its rate (an unshaped link sets none).
+      rates = [r for r in (self.rates_bits[a], self.rates_bits[b])
+               if r is not None]
+      return Link(latency_us, min(rates) / 8 / 1e9) if rates else intra
     return CommModel(intra, pairs={
-        (a, b): Link(latency_us, min(self.rates_bits[hosts[a]],
-                                     self.rates_bits[hosts[b]]) / 8 / 1e9)
+        (a, b): between(hosts[a], hosts[b])
         for a in range(len(hosts)) for b in range(len(hosts))
         if hosts[a] != hosts[b]})
 

@@ -734,8 +734,7 @@ class Launcher:
     links = network.probe_links(self.hosts, self.link_probe_s,
                                 skip=set(self.down_until))
     slow = network.network_stragglers(
-        [None if link is None else min(link["down_bits"], link["up_bits"])
-         for link in links])
+        [network.slowest_rate(link) for link in links])
     rec["links"] = links
     rec["network_stragglers"] = [links[h]["address"] for h in slow]
 
@@ -994,6 +993,10 @@ def _link_lines(record: dict) -> list[str]:
     address = link["address"]
     workers = ",".join(str(w) for w, a in enumerate(addresses)
                        if a == address)
+    if "error" in link:
+      lines.append(f"host {address} (workers {workers or '-'}): link not "
+                   f"measured ({link['error']})")
+      continue
     verdict = (": NETWORK STRAGGLER (its link far slower than the other "
                "hosts')" if address in slow else "")
     lines.append(f"host {address} (workers {workers or '-'}): link "

@@ -30,16 +30,29 @@ SLOW_LINK_RATIO = 0.5
 
 def probe_links(hosts, seconds: float = 0.25, skip=()) -> list[dict | None]:
   """Per host of `hosts` (a `tfopt.scale.hosts.LocalHosts`): {"address",
-  "down_bits", "up_bits"} measured for `seconds` each way; None for the
-  hosts in `skip` (a link taken down on purpose)."""
+  "down_bits", "up_bits"} measured for `seconds` each way, or {"address",
+  "error"} where the probe failed (a diagnosis never fails the job); None
+  for the hosts in `skip` (a link taken down on purpose)."""
   links = []
   for host in range(hosts.num_hosts):
     if host in skip:
       links.append(None)
       continue
-    rates = hosts.measure_link(host, seconds)
+    try:
+      rates = hosts.measure_link(host, seconds)
+    except OSError as err:
+      links.append({"address": hosts.addresses[host], "error": str(err)})
+      continue
     links.append({"address": hosts.addresses[host], **rates})
   return links
+
+
+def slowest_rate(link: dict | None) -> float | None:
+  """A probed link's slower direction in bits per second (None: not
+  measured)."""
+  if not link or "error" in link:
+    return None
+  return min(link["down_bits"], link["up_bits"])
 
 
 def network_stragglers(rates_bits, ratio: float = SLOW_LINK_RATIO

@@ -115,9 +115,13 @@ def make_strategy(env: WorkerEnv | None = None):
       timeout_seconds=env.collective_timeout_s)
   resolver = None
   if env.cluster is not None:
+    # The strategy takes its GPU count from the resolver: a simple one
+    # reports none unless told, and every replica would run on the CPU.
+    gpus = len(tf.config.list_physical_devices("GPU"))
     resolver = tf.distribute.cluster_resolver.SimpleClusterResolver(
         tf.train.ClusterSpec(env.cluster), task_type="worker",
-        task_id=env.worker, rpc_layer="grpc")
+        task_id=env.worker, rpc_layer="grpc",
+        num_accelerators={"GPU": gpus} if gpus else None)
   return tf.distribute.MultiWorkerMirroredStrategy(
       cluster_resolver=resolver, communication_options=options)
 
