@@ -239,17 +239,21 @@ class ProgressWatch:
     top = max(steps)
     if top > self._best_step:
       self._best_step, self._progress_time = top, now
+    alive = {w: b for w, b in present.items()
+             if w in running and w not in done}
+    # Epoch-end work beats with its phase: judged by its own budget, and
+    # the step clock starts again after it (else a checkpoint or a new
+    # epoch's set-up just under the step rule's limit, followed by one
+    # ordinary step, was taken for a hang).
+    busy = {w: now - b["phase_since"] for w, b in alive.items()
+            if b["phase"] in self.phase_budget_s}
+    over = [w for w, spent in busy.items()
+            if spent > self.phase_budget_s[alive[w]["phase"]]]
     stalled = now - self._progress_time
-    if stalled > self.stuck_after_s():
-      alive = {w: b for w, b in present.items()
-               if w in running and w not in done}
-      # Epoch-end work beats with its phase: judged by its own budget.
-      busy = {w: now - b["phase_since"] for w, b in alive.items()
-              if b["phase"] in self.phase_budget_s}
-      over = [w for w, spent in busy.items()
-              if spent > self.phase_budget_s[alive[w]["phase"]]]
-      if busy and not over:
-        return Assessment("ok", None, report, stalled)
+    if busy and not over:
+      self._progress_time = now
+      return Assessment("ok", None, report, stalled)
+    if over or stalled > self.stuck_after_s():
       culprit = (max(over, key=lambda w: (busy[w], -w)) if over
                  else _culprit(alive or present, now))
       return Assessment("stuck", culprit, report, stalled)
