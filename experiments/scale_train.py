@@ -9,7 +9,9 @@ Every worker builds the same model under MultiWorkerMirroredStrategy
 steps, heartbeats, preemption, input position restored after a restart)
 and writes `<run_dir>/final-worker-<i>.json`: the loss of the final model
 on a fixed evaluation batch and a SHA-256 of its weights, so runs with and
-without faults can be compared exactly. Run without the launcher it trains
+without faults can be compared exactly, its MFU (`--mfu`, the default:
+its steps timed by `tfopt.scale.mfu.MFUMonitor`, the FLOPs of its share of
+the batch) and, on the chief with `--stragglers`, the straggler verdict. Run without the launcher it trains
 as one process (worker 0 of 1; `--run_dir` then holds its files), or, under
 a cluster manager's TF_CONFIG or SLURM variables, as its task of the job
 (`--run_dir` a directory every task can write).
@@ -55,11 +57,36 @@ flags.DEFINE_string("extra_compute", None, "W:MS: about MS ms of extra "
                     "compute inside every step of worker W.")
 flags.DEFINE_bool("stragglers", False, "Record and exchange step phases.")
 flags.DEFINE_integer("exchange_every", 10, "Steps between exchanges.")
+flags.DEFINE_bool("mfu", True, "Time the steps (tfopt.scale.mfu.MFUMonitor) "
+                  "and write this worker's MFU into its final-worker file "
+                  "(the launcher's summary pools them per host).")
 flags.DEFINE_bool("hook", False, "Train through tfopt.compile's hook (each "
                   "replica's step captured and fused; the all-reduce "
                   "the strategy's own).")
 flags.DEFINE_bool("jit_compile", False, "Keras' jit_compile=True (with "
                   "--hook: the captured step marked for XLA).")
+
+
+def _model(keras):
+  return keras.Sequential([
+      keras.Input((16,)),
+      keras.layers.Dense(FLAGS.width, activation="relu"),
+      keras.layers.Dropout(FLAGS.dropout, seed=FLAGS.seed),
+      keras.layers.Dense(FLAGS.width, activation="relu"),
+      keras.layers.Dense(1)])
+
+
+def _mfu_monitor(keras, np, env):
+  """An MFUMonitor of this worker's steps: the FLOPs of its share of the
+  global batch counted on a plain twin of the model (before the seed is
+  set: the twin's weights draw nothing from the run's random state)."""
+  from tfopt.scale.flops import train_step_flops  # pylint: disable=import-outside-toplevel
+  from tfopt.scale.mfu import MFUMonitor  # pylint: disable=import-outside-toplevel
+  share = max(1, FLAGS.batch // max(1, env.workers))
+  batch = (np.zeros((share, 16), "float32"), np.zeros((share, 1), "float32"))
+  twin = _model(keras)
+  twin.compile(optimizer=keras.optimizers.Adam(1e-3), loss="mse")
+  return MFUMonitor(batch, flops_per_step=train_step_flops(twin, *batch).total)
 
 
 def _dataset_fn(tf, np):
@@ -175,15 +202,11 @@ def main(argv):
     # directory comes from the flag, the place from the environment.
     env = dataclasses.replace(env, run_dir=os.path.abspath(FLAGS.run_dir))
   strategy = worker.make_strategy(env)
+  mfu = _mfu_monitor(keras, np, env) if FLAGS.mfu else None
   keras.utils.set_random_seed(FLAGS.seed)
   dataset_fn, (x_eval, y_eval) = _dataset_fn(tf, np)
   with strategy.scope():
-    model = keras.Sequential([
-        keras.Input((16,)),
-        keras.layers.Dense(FLAGS.width, activation="relu"),
-        keras.layers.Dropout(FLAGS.dropout, seed=FLAGS.seed),
-        keras.layers.Dense(FLAGS.width, activation="relu"),
-        keras.layers.Dense(1)])
+    model = _model(keras)
     compile_args = dict(optimizer=keras.optimizers.Adam(1e-3), loss="mse",
                         jit_compile=FLAGS.jit_compile)
     if FLAGS.hook:
@@ -194,12 +217,14 @@ def main(argv):
     who, ms = FLAGS.extra_compute.split(":")
     if int(who) == env.worker:
       _with_extra_compute(tf, model, _matmuls_for_ms(tf, float(ms)))
-  callbacks = [_Hooks(keras, env).callback]
+  callbacks = [_Hooks(keras, env).callback, *([mfu] if mfu else [])]
+  stragglers = None
   if FLAGS.stragglers and env.run_dir:
     from tfopt.scale.stragglers import StragglerMonitor  # pylint: disable=import-outside-toplevel
-    callbacks.append(StragglerMonitor(
+    stragglers = StragglerMonitor(
         os.path.join(env.run_dir, "phases"), env.worker, env.workers,
-        exchange_every=FLAGS.exchange_every, attempt=env.attempt))
+        exchange_every=FLAGS.exchange_every, attempt=env.attempt)
+    callbacks.append(stragglers)
   result = worker.fit(model, dataset_fn, epochs=FLAGS.epochs,
                       steps_per_epoch=FLAGS.steps_per_epoch,
                       checkpoint_every=FLAGS.checkpoint_every,
@@ -213,6 +238,14 @@ def main(argv):
              "global_step": result.global_step,
              "resumed_from": result.resumed_from, "final_loss": loss,
              "weights_sha256": digest.hexdigest()}
+  if mfu is not None and mfu.step_times:
+    summary["mfu"] = mfu.summary()
+  if stragglers is not None and stragglers.report is not None:
+    # The chief's verdict on the whole attempt (worker indices).
+    summary["stragglers"] = {
+        "host_side": stragglers.report.stragglers,
+        "compute": (stragglers.compute_report.stragglers
+                    if stragglers.compute_report is not None else None)}
   if FLAGS.hook:  # what the hook did, per input signature
     summary["hook"] = [report.table() for report in
                        model.train_function.reports.values()]

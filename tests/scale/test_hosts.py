@@ -397,6 +397,14 @@ def test_a_throttled_host_is_a_network_straggler_not_a_compute_one(
   slow = [line for line in lines if "NETWORK STRAGGLER" in line]
   assert len(slow) == 1 and slow[0].startswith(
       "host 10.201.0.2 (workers 1)"), done.stdout
+  # Per host its worker's MFU; the hosts share this machine's cores, so
+  # the job's peak is that of the machine, not twice it.
+  per_host = [line for line in lines if line.startswith("host 10.201.0.")]
+  assert len(per_host) == 2 and all(": MFU " in line for line in per_host)
+  with open(run_dir / "final-worker-0.json", encoding="utf-8") as f:
+    peak = json.load(f)["mfu"]["peak_flops"]
+  (job,) = [line for line in lines if line.startswith("MFU (job): ")]
+  assert f"of {peak / 1e9:.0f} GFLOP/s peak (2 workers)" in job, job
   with open(run_dir / "launch.json", encoding="utf-8") as f:
     (attempt,) = json.load(f)["attempts"]
   fast, throttled = attempt["links"]

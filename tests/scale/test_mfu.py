@@ -114,3 +114,56 @@ def test_cpu_peak_from_cpuinfo_by_hand():
   assert _gpu_key("NVIDIA H100 80GB HBM3", "float32") == "h100-sxm-fp32"
   assert _gpu_key("NVIDIA A100-SXM4-40GB", "float32") == "a100-fp32"
   assert _gpu_key("Some GPU", "float32") is None
+
+
+def test_a_model_of_a_strategy_is_counted_on_a_copy_and_trains_as_without():
+  """Under a distribution strategy the step is counted on a copy outside
+  it (the user's optimizer is not built outside its scope, which used to
+  fail and leave it half built): the same FLOPs as the formula, and the
+  fit's weights equal a fit without the monitor."""
+  import tensorflow as tf  # pylint: disable=import-outside-toplevel
+  x = np.random.default_rng(1).normal(size=(64, 32)).astype("float32")
+  y = np.zeros((64, 8), "float32")
+  weights = []
+  for with_monitor in (False, True):
+    strategy = tf.distribute.MirroredStrategy(["/cpu:0"])
+    with strategy.scope():
+      model = _model()
+    monitor = MFUMonitor((x[:16], y[:16]), peak_flops=1e9)
+    model.fit(x, y, batch_size=16, epochs=2, verbose=0, shuffle=False,
+              callbacks=[monitor] if with_monitor else [])
+    weights.append(model.get_weights())
+  fwd = [2 * 16 * 32 * 64, 2 * 16 * 64 * 8]
+  assert monitor.flops_per_step == 2 * sum(fwd) + fwd[1]
+  for a, b in zip(*weights):
+    np.testing.assert_array_equal(a, b)
+  with strategy.scope():
+    with pytest.raises(RuntimeError, match="outside `with strategy.scope"):
+      train_step_flops(model, x[:16], y[:16])
+
+
+def test_given_flops_are_not_counted_and_fits_pool(monkeypatch):
+  """flops_per_step given: nothing compiled; one monitor over several fits
+  (tfopt.scale.worker.fit makes one per epoch) pools their steps and wall
+  time and counts at most once."""
+  from tfopt.scale import flops as flops_module  # pylint: disable=import-outside-toplevel
+  calls = []
+  real = flops_module.train_step_flops
+  monkeypatch.setattr(flops_module, "train_step_flops",
+                      lambda *a, **k: calls.append(1) or real(*a, **k))
+  x = np.zeros((64, 32), "float32")
+  y = np.zeros((64, 8), "float32")
+  given = MFUMonitor((x[:16], y[:16]), peak_flops=1e9, flops_per_step=1e6)
+  counted = MFUMonitor((x[:16], y[:16]), peak_flops=1e9)
+  model = _model()
+  for _ in range(2):
+    model.fit(x, y, batch_size=16, epochs=1, verbose=0,
+              callbacks=[given, counted])
+  assert calls == [1] and given.flops_per_step == 1e6
+  assert len(given.step_times) == len(counted.step_times) == 2 * 3
+  wall = given.summary()["goodput"]
+  assert 0 < wall <= 1
+  with pytest.raises(ValueError, match=r"Argument `flops_per_step` must be "
+                     r"a positive number or None. Received: "
+                     r"flops_per_step=0"):
+    MFUMonitor((x, y), flops_per_step=0)

@@ -24,7 +24,7 @@ import sys
 import numpy as np
 import pytest
 
-from tfopt.scale.launch import launch
+from tfopt.scale.launch import launch, summary
 
 # Heartbeat timeouts of seconds and timed stragglers: the serial pass.
 pytestmark = [pytest.mark.slow, pytest.mark.serial]
@@ -82,6 +82,25 @@ def test_slow_host_is_flagged_as_the_straggler(clean):
   # Its compute is as fast as worker 0's: not a compute straggler.
   assert all(r["compute_stragglers"] == [] for r in reports)
   assert os.path.exists(os.path.join(clean.run_dir, "phases", "trace.json"))
+
+
+def test_each_worker_reports_its_mfu_and_the_summary_pools_them(clean):
+  """Each worker's final record has its MFU: the FLOPs of its share of the
+  batch (16 of 32 rows through 16 -> 64 -> 64 -> 1, counted by hand) over
+  its median step; the chief's has the straggler verdict; the summary
+  prints the job's MFU."""
+  fwd = 2 * 16 * (16 * 64 + 64 * 64 + 64 * 1)
+  backward_inputs = 2 * 16 * (64 * 64 + 64 * 1)  # the first layer needs none
+  for worker in (0, 1):
+    mfu = _final(clean.run_dir, worker)["mfu"]
+    assert mfu["flops_per_step"] == 2 * fwd + backward_inputs
+    assert mfu["mfu"] == pytest.approx(
+        mfu["flops_per_step"] / mfu["step_s"] / mfu["peak_flops"])
+    assert 0 < mfu["mfu"] < 1 and mfu["cores"]
+  assert _final(clean.run_dir, 0)["stragglers"]["host_side"] == [1]
+  job = [line for line in summary(clean).splitlines()
+         if line.startswith("MFU (job): ")]
+  assert len(job) == 1 and job[0].endswith("(2 workers)"), job
 
 
 def _faulted(clean, tmp_path, extra=(), faults=()):

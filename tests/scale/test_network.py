@@ -4,7 +4,7 @@ set of hosts whose probe can fail); the launcher's per-host lines."""
 import pytest
 
 from tfopt.scale import network
-from tfopt.scale.launch import _link_lines
+from tfopt.scale.host_report import host_lines
 
 def test_a_host_far_below_the_others_median_is_named_slowest_first():
   assert network.network_stragglers([100e6, 9e6, 98e6, 30e6]) == [1, 3]
@@ -42,11 +42,11 @@ def test_the_summary_gives_each_host_its_workers_and_verdict():
   links = network.probe_links(_Hosts(), 0.1)
   record = {"addresses": ["10.0.0.1", "10.0.0.2", "10.0.0.3", "10.0.0.3"],
             "links": links, "network_stragglers": ["10.0.0.3"]}
-  lines = _link_lines(record)
+  lines = host_lines(record, {})
   assert lines[0] == ("host 10.0.0.1 (workers 0): link 100.0 Mbit/s in, "
                       "90.0 Mbit/s out")
   assert lines[1] == ("host 10.0.0.2 (workers 1): link not measured "
                       "(timed out)")
   assert lines[2].startswith("host 10.0.0.3 (workers 2,3): link 5.0 "
                              "Mbit/s in, 4.5 Mbit/s out: NETWORK STRAGGLER")
-  assert _link_lines({}) == []
+  assert host_lines({}, {}) == []

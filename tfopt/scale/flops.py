@@ -218,11 +218,22 @@ def step_flops(fn, *args, **kwargs) -> FlopCount:
 def train_step_flops(model, x, y=None, sample_weight=None) -> FlopCount:
   """FLOPs of one `model.train_step` on the batch (x, y) (the model must be
   compiled; its optimizer is built if it is not yet). Runs nothing: the step
-  is only compiled."""
+  is only compiled.
+
+  A model of a distribution strategy (`MirroredStrategy`,
+  `MultiWorkerMirroredStrategy`, ...) is counted on a copy outside the
+  strategy (`_replica_copy`), left untouched itself: give the batch one
+  replica sees (the global batch / the replicas) for one replica's FLOPs.
+  The all-reduce does no matrix work, so the count is the same."""
   import keras  # pylint: disable=import-outside-toplevel
+  import tensorflow as tf  # pylint: disable=import-outside-toplevel
   if not isinstance(model, keras.Model) or not model.compiled:
     raise invalid_argument("model", "a compiled keras.Model",
                            type(model).__name__)
+  strategy = getattr(model, "distribute_strategy", None)
+  if strategy is not None and strategy is not \
+      tf.distribute.get_strategy() or tf.distribute.has_strategy():
+    model = _replica_copy(model)
   if not model.built:
     model(x)
   if not model.optimizer.built:
@@ -234,3 +245,30 @@ def train_step_flops(model, x, y=None, sample_weight=None) -> FlopCount:
   from tfopt.scale.stragglers import untimed  # pylint: disable=import-outside-toplevel
   with untimed(model):  # a straggler monitor's timestamps have no XLA kernel
     return step_flops(step, *data)
+
+
+def _replica_copy(model):
+  """`model` cloned outside its distribution strategy and compiled with its
+  loss and a fresh optimizer of its optimizer's config: what one replica's
+  train step computes, without building the user's optimizer outside its
+  strategy's scope (which fails there and leaves it half built)."""
+  import keras  # pylint: disable=import-outside-toplevel
+  import tensorflow as tf  # pylint: disable=import-outside-toplevel
+  if tf.distribute.has_strategy():
+    # Scopes do not nest: a copy made here would be the strategy's too.
+    raise RuntimeError(
+        "train_step_flops() of a distributed model must be called outside "
+        "`with strategy.scope()` (a Keras callback's on_train_begin is).")
+  try:
+    copy = keras.models.clone_model(model)
+  except Exception as err:  # pylint: disable=broad-except
+    raise ValueError(
+        f"Argument `model` must be a Sequential or functional model (or "
+        f"one keras.models.clone_model can rebuild) to count its FLOPs "
+        f"under a distribution strategy. Received: model="
+        f"{type(model).__name__} ({err}). Count them on a copy built "
+        f"outside the strategy, or give MFUMonitor flops_per_step."
+    ) from err
+  optimizer = type(model.optimizer).from_config(model.optimizer.get_config())
+  copy.compile(optimizer=optimizer, loss=model.loss)
+  return copy

@@ -37,7 +37,6 @@ from __future__ import annotations
 import argparse
 import collections
 import dataclasses
-import glob
 import inspect
 import json
 import os
@@ -54,6 +53,7 @@ from tfopt._io import atomic_write_text
 from tfopt._net import free_ports
 from tfopt.runtime import netns
 from tfopt.scale import heartbeat as hb
+from tfopt.scale import host_report
 from tfopt.scale import network
 from tfopt.scale import protocol as wk
 
@@ -152,6 +152,15 @@ class LaunchResult:
                 steps).items() if n > 1),
             "recomputed": recomputed}
 
+
+  def per_host(self) -> list[dict]:
+    """The last attempt's report per host (workers, pooled MFU,
+    stragglers, link; `tfopt.scale.host_report.host_report`); empty on
+    one host."""
+    if not self.attempts:
+      return []
+    return host_report.host_report(self.attempts[-1],
+                                   host_report.read_finals(self.run_dir))
 
   def goodput(self) -> dict:
     """Productive training time over the job's wall time, with the badput
@@ -939,9 +948,11 @@ def goodput_line(good: dict) -> str:
 
 def summary(result: LaunchResult) -> str:
   """Every attempt (failure kind and worker, steps), the stitched
-  trajectory, the goodput, each worker's `final-worker-<i>.json` when the
-  job writes one (experiments/scale_train.py does: final loss and weights
-  SHA-256), and the run directory."""
+  trajectory, the goodput, per host of the last attempt its workers' MFU,
+  stragglers and link (`tfopt.scale.host_report`), the job's MFU, each
+  worker's `final-worker-<i>.json` when the job writes one
+  (experiments/scale_train.py does: final loss, weights SHA-256, MFU), and
+  the run directory."""
   lines = []
   for rec in result.attempts:
     failure = rec["failure"]
@@ -963,46 +974,16 @@ def summary(result: LaunchResult) -> str:
     good = result.goodput()
     if good["goodput"] is not None:
       lines.append(goodput_line(good))
-  if result.attempts:
-    lines.extend(_link_lines(result.attempts[-1]))
-  finals = glob.glob(os.path.join(result.run_dir, "final-worker-*.json"))
-  for path in sorted(finals, key=lambda p: int(re.findall(r"\d+", p)[-1])):
-    with open(path, encoding="utf-8") as f:
-      final = json.load(f)
-    if isinstance(final, dict):
-      w = final.get("worker", "?")
-      last = result.attempts[-1] if result.attempts else {}
-      lines.append(f"worker {w}{_on_host(last, w)}: step {final.get('global_step')}, final "
-                   f"loss {final.get('final_loss', float('nan')):.6f}, "
-                   f"weights sha256 "
-                   f"{str(final.get('weights_sha256', ''))[:16]}")
+  last = result.attempts[-1] if result.attempts else {}
+  finals = host_report.read_finals(result.run_dir)
+  lines.extend(host_report.host_lines(last, finals))
+  for w, final in finals.items():
+    lines.append(f"worker {w}{_on_host(last, w)}: step "
+                 f"{final.get('global_step')}, final loss "
+                 f"{final.get('final_loss', float('nan')):.6f}, weights "
+                 f"sha256 {str(final.get('weights_sha256', ''))[:16]}")
   lines.append(f"run directory: {result.run_dir}")
   return "\n".join(lines)
-
-
-def _link_lines(record: dict) -> list[str]:
-  """Per host of an attempt on several hosts: its workers, its link's
-  measured rates, and whether it is a network straggler."""
-  links = record.get("links") or []
-  addresses = record.get("addresses") or []
-  slow = set(record.get("network_stragglers") or [])
-  lines = []
-  for link in links:
-    if link is None:
-      continue
-    address = link["address"]
-    workers = ",".join(str(w) for w, a in enumerate(addresses)
-                       if a == address)
-    if "error" in link:
-      lines.append(f"host {address} (workers {workers or '-'}): link not "
-                   f"measured ({link['error']})")
-      continue
-    verdict = (": NETWORK STRAGGLER (its link far slower than the other "
-               "hosts')" if address in slow else "")
-    lines.append(f"host {address} (workers {workers or '-'}): link "
-                 f"{link['down_bits'] / 1e6:.1f} Mbit/s in, "
-                 f"{link['up_bits'] / 1e6:.1f} Mbit/s out{verdict}")
-  return lines
 
 
 def _on_host(record: dict, worker) -> str:

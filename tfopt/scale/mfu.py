@@ -142,6 +142,17 @@ def stated_peak(dtype: str = "float32") -> tuple[float, str]:
   return cpu_peak_flops()
 
 
+def _own_cores() -> list:
+  """[host name, core] of the cores this process may run on: the cores a
+  CPU peak counts, named so that workers sharing them can be told apart
+  from workers on another machine's cores of the same numbers."""
+  import os  # pylint: disable=import-outside-toplevel
+  import socket  # pylint: disable=import-outside-toplevel
+  cores = (sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity")
+           else list(range(os.cpu_count() or 1)))
+  return [[socket.gethostname(), core] for core in cores]
+
+
 def measure_peak_flops(size: int = 1024, repeats: int = 5,
                        chain: int = 8) -> float:
   """What this machine's default device really reaches: the best float32
@@ -179,12 +190,22 @@ class MFUMonitor(keras.callbacks.Callback):
     log_every: add `mfu` to the batch logs every n batches (0: only epochs).
     measure_achievable: also time what this machine reaches at train begin
       (`achievable_flops`, `mfu_of_achievable` in the summary).
+    flops_per_step: the step's FLOPs when known (then nothing is
+      compiled); by default counted at the first train begin. Under a
+      distribution strategy they are one replica's: give `sample_batch`
+      the batch one replica sees.
 
-  `peak` is the denominator, `peak_source` where it came from.
+  `peak` is the denominator, `peak_source` where it came from; with this
+  CPU's theoretical peak, `cores` are the (host name, core) pairs it counts
+  (`tfopt.scale.host_report.pooled_mfu` counts cores that workers
+  share once). Several `fit` calls
+  with one monitor (as `tfopt.scale.worker.fit` makes, one per epoch)
+  count the FLOPs once and pool their steps and wall time.
   """
 
   def __init__(self, sample_batch, peak_flops="auto", log_every: int = 0,
-               measure_achievable: bool = False):
+               measure_achievable: bool = False,
+               flops_per_step: int | float | None = None):
     super().__init__()
     if not isinstance(sample_batch, (tuple, list)) or not 1 <= len(
         sample_batch) <= 3:
@@ -203,13 +224,20 @@ class MFUMonitor(keras.callbacks.Callback):
     if isinstance(log_every, bool) or not isinstance(log_every, int) or \
         log_every < 0:
       raise invalid_argument("log_every", "an integer >= 0", log_every)
+    if flops_per_step is not None and (
+        isinstance(flops_per_step, bool) or
+        not isinstance(flops_per_step, (int, float)) or
+        not flops_per_step > 0):
+      raise invalid_argument("flops_per_step", "a positive number or None",
+                             flops_per_step)
     self.sample_batch = tuple(sample_batch)
     self.peak_spec = peak_flops
     self.log_every = log_every
     self.measure_achievable = bool(measure_achievable)
-    self.flops_per_step = None
+    self.flops_per_step = flops_per_step
     self.peak = None
     self.peak_source = None
+    self.cores = None
     self.achievable_flops = None
     self.batch_size = int(np.shape(sample_batch[0])[0])
     self.step_times: list = []
@@ -226,14 +254,16 @@ class MFUMonitor(keras.callbacks.Callback):
   async_safe = False
 
   def on_train_begin(self, logs=None):
-    from tfopt.scale.flops import train_step_flops  # pylint: disable=import-outside-toplevel
-    self.flops_per_step = train_step_flops(self.model,
-                                           *self.sample_batch).total
-    self.peak, self.peak_source = self._peak()
-    if self.measure_achievable or self.peak_spec == "measure":
-      self.achievable_flops = measure_peak_flops()
-      if self.peak_spec == "measure":
-        self.peak = self.achievable_flops
+    if self.peak is None:  # the first fit with this monitor
+      if self.flops_per_step is None:
+        from tfopt.scale.flops import train_step_flops  # pylint: disable=import-outside-toplevel
+        self.flops_per_step = train_step_flops(self.model,
+                                               *self.sample_batch).total
+      self.peak, self.peak_source = self._peak()
+      if self.measure_achievable or self.peak_spec == "measure":
+        self.achievable_flops = measure_peak_flops()
+        if self.peak_spec == "measure":
+          self.peak = self.achievable_flops
     self._summaries = summaries.for_fit(self.model, self)
     if self._summaries is not None:
       self._step = summaries.training_step(self.model)
@@ -269,7 +299,8 @@ class MFUMonitor(keras.callbacks.Callback):
         self._summaries.write_scalar("mfu/epoch", mfu, epoch)
 
   def on_train_end(self, logs=None):
-    self._wall = time.perf_counter() - self._train_start
+    self._wall = (self._wall or 0.0) + time.perf_counter() - \
+        self._train_start
     if self._summaries is not None:
       if self.step_times:
         self._summaries.write_scalar("goodput", self.summary()["goodput"],
@@ -282,7 +313,10 @@ class MFUMonitor(keras.callbacks.Callback):
       return None, ("measured achievable (float32 matmuls on this machine; "
                     "not the standard MFU)")
     if spec == "auto":
-      return stated_peak(keras.config.dtype_policy().compute_dtype)
+      peak, source = stated_peak(keras.config.dtype_policy().compute_dtype)
+      if source.startswith("theoretical"):
+        self.cores = _own_cores()
+      return peak, source
     if spec in PEAK_FLOPS:
       return PEAK_FLOPS[spec], f"datasheet: {spec}"
     return float(spec), "stated by the user"
@@ -339,5 +373,6 @@ class MFUMonitor(keras.callbacks.Callback):
             "mfu_of_achievable": (achieved / self.achievable_flops
                                   if self.achievable_flops else None),
             "samples_per_s": self.batch_size / step,
+            "cores": self.cores,
             "goodput": (sum(self.step_times) / self._wall
                         if self._wall else None)}
