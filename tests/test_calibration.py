@@ -142,12 +142,14 @@ def test_a_calibration_across_hosts_charges_each_pair_by_its_link(tmp_path):
   shared = dataclasses.replace(made, hosts_share_cores=True)
   assert shared.sharing(4, hosts).groups == (0, 0, 0, 0)
   # Hosts on one machine's cores, two hosts' tasks measured 1.6 side by
-  # side: one group of that capacity (one host's own 1.2 without hosts).
+  # side: a group per host of its own 1.2, the machine's 1.6 over them
+  # (one host's own 1.2, one group, without hosts).
   measured = dataclasses.replace(shared, hosts_capacity=1.6)
-  assert measured.sharing(4, hosts).capacity == 1.6
-  assert measured.sharing(4).capacity == 1.2
+  assert measured.sharing(4, hosts) == tfopt.ComputeSharing(
+      (0, 0, 1, 1), 1.2, machine_capacity=1.6)
+  assert measured.sharing(4) == tfopt.ComputeSharing((0,) * 4, 1.2)
   assert dataclasses.replace(shared, hosts_capacity=1.0).sharing(
-      4, hosts).capacity == 1.2
+      4, hosts).machine_capacity == 1.2
   assert "side by side 1.60 (shared cores)" in measured.describe()
   measured.save(tmp_path / "m.json")
   assert cal.load_calibration(tmp_path / "m.json") == measured

@@ -93,8 +93,10 @@ class Calibration:
       than each host on cores of its own.
     hosts_capacity: ops of two tasks on different hosts that run side by
       side unslowed, as measured (in [1, 2]; None: not measured). Where
-      hosts share cores, all tasks form one sharing group of this capacity
-      (at least `capacity`).
+      hosts share cores, each host's tasks form a sharing group of
+      `capacity` and the groups together run this many (at least
+      `capacity`) ops' worth (`ComputeSharing.machine_capacity`); without
+      it, all tasks form one group of `capacity`.
     machine, tensorflow, created: where, with what and when (UTC ISO).
     fit: the measurements' residuals and raw numbers, for the report.
     path: the file it was loaded from (not saved).
@@ -185,15 +187,19 @@ class Calibration:
       ids = {h: i for i, h in enumerate(dict.fromkeys(hosts))}
       return ComputeSharing(tuple(ids[h] for h in hosts), self.capacity,
                             threads)
+    if self.shared and hosts is not None and \
+        self.hosts_capacity is not None:
+      # Hosts on one machine's cores: each host's tasks share its cores
+      # as measured inside a host, and the hosts slow each other as much
+      # as two hosts' tasks were measured to side by side (a host pinned
+      # to a core of its own next to another: two ops on one host run at
+      # half speed, one op on each host at hosts_capacity / 2).
+      ids = {h: i for i, h in enumerate(dict.fromkeys(hosts))}
+      return ComputeSharing(tuple(ids[h] for h in hosts), self.capacity,
+                            threads, machine_capacity=max(
+                                self.capacity, self.hosts_capacity))
     if self.shared:
-      capacity = self.capacity
-      if hosts is not None and self.hosts_capacity is not None:
-        # Tasks of different hosts on the same machine: one group, as
-        # much side by side as two hosts' tasks were measured to run (a
-        # host pinned to a core of its own next to another: more than
-        # one host's tasks on their shared core).
-        capacity = max(capacity, self.hosts_capacity)
-      return ComputeSharing.shared(num_devices, capacity, threads)
+      return ComputeSharing.shared(num_devices, self.capacity, threads)
     return ComputeSharing.alone(num_devices, threads)
 
   def cluster(self, device_names: Sequence[str],

@@ -53,6 +53,11 @@ class ComputeSharing:
       n ops of a group run at once, each progresses at min(1, capacity / n)
       of its profiled speed (processor sharing): 1.0 where each op alone
       already keeps every core of the group busy.
+    machine_capacity: where the groups are hosts on one machine's cores
+      (`tfopt.scale.hosts.LocalHosts`): the ops' worth all groups together
+      run unslowed. A group's demand is min(its running ops, capacity);
+      while the demands add up past this, every op slows further by
+      machine_capacity / their sum. None: the groups compute apart.
     threads: how many ops one group runs at once, on any of its devices:
       the group's executor thread pool (TensorFlow's inter-op pool: logical
       CPUs of one process share their session's; a server task has its
@@ -68,6 +73,7 @@ class ComputeSharing:
   groups: tuple[int, ...]
   capacity: float = 1.0
   threads: int | None = None
+  machine_capacity: float | None = None
 
   def __post_init__(self):
     groups = tuple(self.groups)
@@ -83,10 +89,29 @@ class ComputeSharing:
                              self.capacity)
     if self.threads is not None:
       check_positive_int("threads", self.threads)
+    if self.machine_capacity is not None and (
+        isinstance(self.machine_capacity, bool) or
+        not isinstance(self.machine_capacity, (int, float)) or
+        not 1.0 <= self.machine_capacity < float("inf")):
+      raise invalid_argument("machine_capacity", "a finite number >= 1 or "
+                             "None", self.machine_capacity)
 
   def rate(self, running: int) -> float:
     """Each op's speed when `running` ops of one group run at once."""
     return min(1.0, self.capacity / running) if running else 1.0
+
+  def machine_rate(self, running: Sequence[int]) -> float:
+    """The further factor on every op's speed when the groups run
+    `running` ops each (1 without a `machine_capacity`).
+
+    >>> ComputeSharing((0, 0, 1, 1), 1.0, machine_capacity=1.6
+    ...                ).machine_rate([2, 1])  # one core's worth each
+    0.8
+    """
+    if self.machine_capacity is None:
+      return 1.0
+    demand = sum(min(n, self.capacity) for n in running)
+    return min(1.0, self.machine_capacity / demand) if demand else 1.0
 
   def slots(self, group_size: int) -> int:
     """Ops a group of `group_size` devices runs at once at most."""

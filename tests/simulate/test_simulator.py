@@ -293,6 +293,69 @@ def test_overhead_lets_transfers_overlap():
   assert overlap.makespan_us == 19.0
 
 
+def test_hosts_on_one_machine_slow_each_other_by_its_capacity():
+  # Hosts {d0, d1} and {d2, d3}, each on one core (capacity 1), the
+  # machine running 1.6 cores' worth. a, b on host 0 and c on host 1, 10 us
+  # each, start at 0: host 0's demand 1 (two ops on its one core), host
+  # 1's 1; 1.6 / 2 = 0.8, so a and b run at 0.5 x 0.8 = 0.4 and c at 0.8:
+  # c ends at 12.5, a and b have 5 us left, now at 0.5: they end at 22.5.
+  g = OpGraph([Op(n, "X", (0,)) for n in "abc"], [])
+  p = _place({"a": 0, "b": 1, "c": 2}, 4)
+  costs = {n: 10.0 for n in "abc"}
+
+  def run(machine):
+    sharing = ComputeSharing((0, 0, 1, 1), 1.0, machine_capacity=machine)
+    return simulate(g, p, costs, Cluster.uniform(4, comm=COMM,
+                                                 sharing=sharing))
+  s = run(1.6)
+  assert s.end_us["c"] == pytest.approx(12.5)
+  assert s.end_us["a"] == pytest.approx(22.5)
+  assert s.end_us["b"] == pytest.approx(22.5)
+  # Hosts apart (the machine runs both hosts' cores unslowed): per-host
+  # groups only.
+  apart = run(2.0)
+  assert (apart.end_us["c"], apart.end_us["a"]) == (10.0, 20.0)
+  assert run(None).end_us == apart.end_us
+  with pytest.raises(ValueError, match=r"Argument `machine_capacity` must "
+                     r"be a finite number >= 1 or None. Received: "
+                     r"machine_capacity=0.5"):
+    ComputeSharing((0, 1), machine_capacity=0.5)
+
+
+def test_tasks_of_a_host_share_its_network_link():
+  # a on d0 and b on d1 (host 0) each send 1000 B to c on d2 and e on d3
+  # (host 1) at t=1 over a link of 10 us latency, 2 us overhead, 1 GB/s
+  # (1 us of wire per 1000 B). Per device pair the two copies run side by
+  # side (both arrive at 12); through one link per host the second waits
+  # for the first's 1 us on the wire: 1-12 and 2-13.
+  g = _graph("abce", [("a", "c"), ("b", "e")])
+  p = _place({"a": 0, "b": 1, "c": 2, "e": 3}, 4)
+  costs = {n: 1.0 for n in "abce"}
+  link = Link(10.0, 1.0, 2.0)
+  apart = simulate(g, p, costs, Cluster.uniform(4, comm=CommModel(link)))
+  assert sorted((t.start_us, t.end_us) for t in apart.transfers) == [
+      (1.0, 12.0), (1.0, 12.0)]
+  shared = simulate(g, p, costs, Cluster.uniform(4, comm=CommModel.two_level(
+      "AABB", Link(0.0, 1e6), link)))
+  assert sorted((t.start_us, t.end_us) for t in shared.transfers) == [
+      (1.0, 12.0), (2.0, 13.0)]
+  assert shared.makespan_us == 14.0
+  # Within a host nothing waits for the network; ways in and out are
+  # apart: d0 -> d2 and d3 -> d1 at once do not wait for each other.
+  g2 = _graph("abce", [("a", "c"), ("e", "b")])
+  p2 = _place({"a": 0, "b": 1, "c": 2, "e": 3}, 4)
+  both = simulate(g2, p2, costs, Cluster.uniform(4, comm=CommModel.two_level(
+      "AABB", Link(0.0, 1e6), link)))
+  assert sorted((t.start_us, t.end_us) for t in both.transfers) == [
+      (1.0, 12.0), (1.0, 12.0)]
+  with pytest.raises(ValueError, match=r"Argument `hosts` must be per "
+                     r"device a host index >= 0. Received: hosts=\(0, -1\)"):
+    CommModel(link, hosts=(0, -1))
+  with pytest.raises(ValueError, match="one host per device"):
+    simulate(g, p, costs, Cluster.uniform(4, comm=CommModel(link,
+                                                            hosts=(0, 1))))
+
+
 def test_control_edges_across_devices_can_be_messages():
   # a (d0) -> control -> c (d1), and a -> control -> d (d1): one message
   # per op and destination device, a zero-byte transfer of 10 us.

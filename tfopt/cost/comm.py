@@ -15,6 +15,11 @@ Two refinements describe TensorFlow's own transports (fitted by
   * `CommModel.control_messages`: a control dependency between ops on two
     devices is a message too (TensorFlow's partitioner sends a dummy tensor
     for each), costing a zero-byte transfer.
+  * `CommModel.hosts`: the host of each device. Tasks of one host share
+    its network link: transfers between hosts take turns on the sending
+    host's way out and the receiving host's way in, each for its bytes on
+    that wire (two tasks of a host sending to another host at once get
+    half the link each, not a link each).
 
 `fit_comm_model` fits latency and bandwidth by least squares from measured
 (bytes, microseconds) pairs, `fit_overhead` the overhead from transfers
@@ -129,6 +134,12 @@ class CommModel:
   set it; without it a transfer costs the devices nothing (a DMA engine's
   copy, Baechi's model).
 
+  `hosts`: per device, the index of its host (empty: no network between
+  hosts is modelled). A transfer between devices of different hosts holds
+  the sender's host's way out and the receiver's host's way in for its
+  bytes at the link's bandwidth (`wire_us`), one transfer at a time on
+  each: the tasks of a host share its network link.
+
   >>> CommModel().transfer_us(5_700_000)   # 134 us + 1000 us
   1134.0
   >>> CommModel().transfer_us(100, 0, 0)   # same device: free
@@ -140,9 +151,30 @@ class CommModel:
   control_messages: bool = False
   shared_buffers: bool = False
   cpu_work: bool = False
+  hosts: tuple[int, ...] = ()
+
+  def __post_init__(self):
+    hosts = tuple(self.hosts)
+    if any(isinstance(h, bool) or not isinstance(h, (int, np.integer)) or
+           h < 0 for h in hosts):
+      raise invalid_argument("hosts", "per device a host index >= 0",
+                             self.hosts)
+    object.__setattr__(self, "hosts", tuple(int(h) for h in hosts))
 
   def link(self, src: int, dst: int) -> Link:
     return self.pairs.get((src, dst), self.default)
+
+  def wire_us(self, nbytes: int, src: int, dst: int) -> float:
+    """How long a transfer of `nbytes` from device `src` to `dst` holds
+    the hosts' network links: its bytes at the link's bandwidth between
+    devices of different `hosts`, else 0 (no network crossed).
+
+    >>> CommModel(Link(100.0, 1.0), hosts=(0, 1)).wire_us(1000, 0, 1)
+    1.0
+    """
+    if not self.hosts or self.hosts[src] == self.hosts[dst] or nbytes <= 0:
+      return 0.0
+    return nbytes / (self.link(src, dst).bandwidth_gbps * 1e3)
 
   def transfer_us(self, nbytes: int, src: int | None = None,
                   dst: int | None = None) -> float:
@@ -160,11 +192,16 @@ class CommModel:
 
     >>> CommModel.two_level("aab", Link(1.0), Link(9.0)).link(1, 2).latency_us
     9.0
+    >>> CommModel.two_level("aab", Link(1.0), Link(9.0)).hosts
+    (0, 0, 1)
     """
     hosts = list(hosts)
+    index = {h: i for i, h in enumerate(dict.fromkeys(hosts))}
     return cls(inside, pairs={
         (a, b): between for a in range(len(hosts)) for b in range(len(hosts))
-        if hosts[a] != hosts[b]}, **kwargs)
+        if hosts[a] != hosts[b]},
+               hosts=tuple(index[h] for h in hosts) if len(index) > 1
+               else (), **kwargs)
 
   @classmethod
   def uniform(cls, latency_us: float = PCIE_LATENCY_US,

@@ -536,7 +536,7 @@ class LocalHosts:
     return CommModel(intra, pairs={
         (a, b): between(hosts[a], hosts[b])
         for a in range(len(hosts)) for b in range(len(hosts))
-        if hosts[a] != hosts[b]})
+        if hosts[a] != hosts[b]}, hosts=tuple(hosts))
 
   def cluster(self, memory_bytes: int | None = None, *,
               comm: CommModel | None = None) -> Cluster:

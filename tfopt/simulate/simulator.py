@@ -13,7 +13,9 @@ Timing model (Baechi's, with measured refinements):
   * Devices that share cores (`Cluster.sharing`: logical CPUs of one
     process) divide them: while n ops of one sharing group run, each
     advances at min(1, capacity / n) of its profiled speed. Without
-    sharing, every device computes apart.
+    sharing, every device computes apart. Groups that are hosts on one
+    machine's cores (`ComputeSharing.machine_capacity`) slow each other
+    too, by the machine's capacity over the groups' summed demand.
   * Where the sharing names a thread pool (`ComputeSharing.threads`:
     TensorFlow's inter-op pool on CPUs), a group runs up to that many ops
     at once, on any of its devices, instead of one per device: the lowest
@@ -25,7 +27,10 @@ Timing model (Baechi's, with measured refinements):
     receiver's channel (one channel per device, first come first served),
     holds both for `Link.channel_us` (by default latency + bytes/bandwidth;
     gRPC's fitted overhead + bytes/bandwidth, so small transfers overlap)
-    and arrives latency + bytes/bandwidth after it started. Where the
+    and arrives latency + bytes/bandwidth after it started. Between hosts
+    (`CommModel.hosts`) it also waits for the sending host's way out and
+    the receiving host's way in, holding them for its bytes on the wire
+    (`CommModel.wire_us`): the tasks of a host share its link. Where the
     CommModel says transfers are CPU work (`CommModel.cpu_work`: gRPC
     between server tasks), the transfer is also work on the sender's and
     the receiver's cores (`Link.cpu_us`: the channel time, or less on a
@@ -267,6 +272,13 @@ class _Timeline:
     for d, g in enumerate(self.group):
       self.members.setdefault(g, []).append(d)
     self.channel_free = [0.0] * num
+    hosts = self.comm.hosts
+    if hosts and len(hosts) != num:
+      raise invalid_argument("cluster", f"a CommModel whose `hosts` name "
+                             f"one host per device ({num})", hosts)
+    # Each host's network link, per direction: free from this time on.
+    self.wire_out = [0.0] * (max(hosts) + 1 if hosts else 0)
+    self.wire_in = list(self.wire_out)
     self.start: dict[str, float] = {}
     self.end: dict[str, float] = {}
     self.transfers: list[Transfer] = []
@@ -353,22 +365,39 @@ class _Timeline:
     self.ops_running[group] += 1
     return group
 
+  def _affected(self, group: int):
+    """The groups whose rate a change in `group` moves: all of them when
+    they share a machine's cores (`ComputeSharing.machine_capacity`)."""
+    if self.sharing.machine_capacity is None:
+      return (group,)
+    return tuple(self.running_in)
+
+  def _rate(self, group: int) -> float:
+    """Each running op's speed in `group` now."""
+    rate = self.sharing.rate(len(self.running_in[group]))
+    if self.sharing.machine_capacity is not None:
+      rate *= self.sharing.machine_rate(
+          [len(r) for r in self.running_in.values()])
+    return rate
+
   def _advance(self, group: int, now: float) -> None:
-    """Work done by the group's running ops since their last update."""
-    running = self.running_in[group]
-    rate = self.sharing.rate(len(running))
-    for state in running.values():
-      state[0] = max(0.0, state[0] - (now - state[1]) * rate)
-      state[1] = now
+    """Work done by the group's running ops since their last update (and
+    every group's, where they share a machine)."""
+    for g in self._affected(group):
+      rate = self._rate(g)
+      for state in self.running_in[g].values():
+        state[0] = max(0.0, state[0] - (now - state[1]) * rate)
+        state[1] = now
 
   def _reshare(self, group: int, now: float) -> None:
-    """New end events for the group's running ops at its current rate."""
-    running = self.running_in[group]
-    rate = self.sharing.rate(len(running))
-    for name, (left, _) in running.items():
-      version = self.version.get(name, 0) + 1
-      self.version[name] = version
-      self._push(now + left / rate, "end", (name, version))
+    """New end events for the group's running ops at its current rate
+    (and every group's, where they share a machine)."""
+    for g in self._affected(group):
+      rate = self._rate(g)
+      for name, (left, _) in self.running_in[g].items():
+        version = self.version.get(name, 0) + 1
+        self.version[name] = version
+        self._push(now + left / rate, "end", (name, version))
 
   def _finish(self, name: str, now: float) -> None:
     d = self.device[name]
@@ -402,6 +431,11 @@ class _Timeline:
           self._satisfy(e.dst)
         continue
       t0 = max(now, self.channel_free[d], self.channel_free[dd])
+      wire = self.comm.wire_us(nbytes, d, dd)
+      if wire:
+        out, into = self.comm.hosts[d], self.comm.hosts[dd]
+        t0 = max(t0, self.wire_out[out], self.wire_in[into])
+        self.wire_out[out] = self.wire_in[into] = t0 + wire
       channel = min(duration, link.channel_us(nbytes))
       self.channel_free[d] = self.channel_free[dd] = t0 + channel
       readers = tuple(e.dst for e in edges)
