@@ -142,6 +142,32 @@ def test_bad_arguments_are_named(step_and_batch):
     profile_step(step, inputs=batch[:1], steps=1, warmup=0)
 
 
+def test_the_function_clock_times_the_hooks_runtime_on_copies(
+    step_and_batch, monkeypatch):
+  """clock="function": the op times are scaled to the untraced step run as
+  the hook runs it (`_function_clock`, stubbed here with a 40 ms step: the
+  total follows it); the real clock runs the imported step on copies, so
+  the step's own variables keep their values."""
+  from tfopt.cost import profile as profile_module  # pylint: disable=import-outside-toplevel
+  step, batch = step_and_batch
+  before = {n: v.numpy().copy() for n, v in step.variables.items()}
+  once = profile_module._function_clock(step, None, batch)  # pylint: disable=protected-access
+  once()
+  for name, var in step.variables.items():
+    np.testing.assert_array_equal(var.numpy(), before[name])
+  import time  # pylint: disable=import-outside-toplevel
+  monkeypatch.setattr(profile_module, "_function_clock",
+                      lambda *a: (lambda: time.sleep(0.04)))
+  costs = profile_step(step, inputs=batch, steps=2, warmup=1,
+                       clock="function")
+  assert costs.total_compute_us() == pytest.approx(40_000, rel=0.05)
+  assert "as a tf.function" in costs.source
+  with pytest.raises(ValueError, match=r"Argument `clock` must be True, "
+                     r"False, 'session' or 'function'. Received: "
+                     r"clock='wall'"):
+    profile_step(step, inputs=batch, clock="wall")
+
+
 _FUSED_BY_RUNTIME = """
 import json, statistics, time
 import numpy as np

@@ -193,7 +193,7 @@ def profile_step(step: CapturedStep, *,
                  fallback: analytic.DeviceSpec = analytic.CPU,
                  progress: bool = False, graph_def=None,
                  target: str = "", cores_per_device: int | None = None,
-                 clock: bool = True) -> CostModel:
+                 clock: bool | str = True) -> CostModel:
   """Measures every op of `step` on this machine.
 
   Args:
@@ -214,11 +214,16 @@ def profile_step(step: CapturedStep, *,
       with two inter-op threads, `Calibration.cores_per_device`): each op's
       time is then its share of those cores, not its wall interval.
     clock: where the step runs on one device, scale the measured op times
-      so that they add up to the median *untraced* step time of the same
-      session (ops one at a time, so the step is their sum plus the
-      executor's dispatch). Tracing perturbs the kernels it times: the same
-      MLP step's traced op times summed to 2.5 ms in one profile and 3.8 ms
-      in the next, its untraced step 3.1 ms.
+      so that they add up to the median *untraced* step time: True (or
+      "session") of the same session (ops one at a time, so the step is
+      their sum plus the executor's dispatch), the runtime of
+      `tfopt.cli.run_placed` and the benchmarks' placed sessions;
+      "function" of the step as `tfopt.compile`'s hook runs it, imported
+      into a `tf.function` (`tfopt.runtime.imported`) on copies of its
+      variables, which ran the same graph 1.3-1.9x faster than a session
+      here; False: not scaled. Tracing perturbs the kernels it times: the
+      same MLP step's traced op times summed to 2.5 ms in one profile and
+      3.8 ms in the next, its untraced step 3.1 ms.
 
   The captured variables are copied into the profiling session; the model's
   own variables are not changed.
@@ -226,6 +231,9 @@ def profile_step(step: CapturedStep, *,
   check_positive_int("steps", steps)
   if isinstance(warmup, bool) or not isinstance(warmup, int) or warmup < 0:
     raise invalid_argument("warmup", "an integer >= 0", warmup)
+  if clock not in (True, False, "session", "function"):
+    raise invalid_argument("clock", "True, False, 'session' or 'function'",
+                           clock)
   inputs = list(inputs) if inputs is not None else step.sample_inputs()
   bar = None
   if progress:
@@ -239,14 +247,17 @@ def profile_step(step: CapturedStep, *,
       graph_def, batch_size=step.batch_size, inline=False)
   devices = ({n.device for n in graph_def.node if n.device}
              if graph_def is not None else set())
-  scaled = clock and len(devices) <= 1 and cores_per_device is None
+  scaled = bool(clock) and len(devices) <= 1 and cores_per_device is None
+  by_function = scaled and clock == "function" and not target
   with StepSession(step, config=config, graph_def=graph_def,
                    target=target) as session:
+    untraced_run = (_function_clock(step, graph_def, inputs) if by_function
+                    else lambda: session.run(inputs))
     samples = _traced_samples(
         session, inputs, steps, warmup, bar, cores_per_device,
         {op.name for op in graph.ops}, UNTRACED_PER_TRACED if scaled else 0,
         frozenset(op.name for op in graph.ops
-                  if op.type in FUNCTIONAL_OPS))
+                  if op.type in FUNCTIONAL_OPS), untraced_run)
   untraced = statistics.median(samples.untraced_us) if scaled else None
   costs, notes = _costs_from(graph, samples, steps, set(step.input_names),
                              fallback)
@@ -261,7 +272,31 @@ def profile_step(step: CapturedStep, *,
   if untraced is None:
     return model
   return model.scaled_to(untraced, why=f"to the untraced step "
-                         f"({untraced / 1e3:.2f} ms)")
+                         f"({untraced / 1e3:.2f} ms" + (
+                             " as a tf.function)" if by_function else ")"))
+
+
+def _function_clock(step: CapturedStep, graph_def, inputs):
+  """One untraced step as `tfopt.compile`'s hook runs it (the graph
+  imported into a `tf.function`, `tfopt.runtime.imported`), on copies of
+  the step's variables (the model's own are not changed), warmed up:
+  a callable that runs it and waits for its outputs."""
+  from tfopt.runtime.imported import imported_step  # pylint: disable=g-import-not-at-top
+  copies = {}
+  with tf.init_scope():
+    for name, var in step.variables.items():
+      copies[name] = tf.Variable(var.read_value(), trainable=False,
+                                 name=f"clock_{name}")
+  run = imported_step(step, step.graph_def if graph_def is None
+                      else graph_def, copies)
+  feeds = [tf.constant(value) for value in inputs]
+
+  def once():
+    for value in tf.nest.flatten(run(feeds), expand_composites=True):
+      value.numpy()  # wait for the step, as session.run does
+  for _ in range(2):  # tracing, then the first run's allocations
+    once()
+  return once
 
 
 @dataclasses.dataclass
@@ -284,10 +319,13 @@ UNTRACED_PER_TRACED = 3
 
 def _traced_samples(session, inputs, steps, warmup, bar, cores,
                     op_names, untraced_per_traced: int = 0,
-                    functional: frozenset = frozenset()) -> _Samples:
+                    functional: frozenset = frozenset(),
+                    untraced_run=None) -> _Samples:
   """`warmup` untraced runs, then `steps` traced ones read op by op, each
-  followed by `untraced_per_traced` timed untraced runs. The runtime nodes
-  of a lowered `functional` op count as that op."""
+  followed by `untraced_per_traced` timed runs of `untraced_run` (default:
+  an untraced run of the session). The runtime nodes of a lowered
+  `functional` op count as that op."""
+  untraced_run = untraced_run or (lambda: session.run(inputs))
   for i in range(warmup):
     session.run(inputs)
     if bar:
@@ -312,7 +350,7 @@ def _traced_samples(session, inputs, steps, warmup, bar, cores,
       out.persistent[name] = max(out.persistent.get(name, 0), pers)
     for _ in range(untraced_per_traced):
       began = time.perf_counter()
-      session.run(inputs)
+      untraced_run()
       out.untraced_us.append((time.perf_counter() - began) * 1e6)
     if bar:
       bar.update(warmup + i + 1)
