@@ -11,8 +11,8 @@ and writes `<run_dir>/final-worker-<i>.json`: the loss of the final model
 on a fixed evaluation batch and a SHA-256 of its weights, so runs with and
 without faults can be compared exactly, its MFU (`--mfu`, the default:
 its steps timed by `tfopt.scale.mfu.MFUMonitor`, the FLOPs of its share of
-the batch) and, on the chief with `--stragglers`, the straggler verdict. Run without the launcher it trains
-as one process (worker 0 of 1; `--run_dir` then holds its files), or, under
+the batch) and, on the chief with `--stragglers`, the straggler verdict.
+Run without the launcher it trains as one process (worker 0 of 1; `--run_dir` then holds its files), or, under
 a cluster manager's TF_CONFIG or SLURM variables, as its task of the job
 (`--run_dir` a directory every task can write).
 

@@ -192,8 +192,8 @@ class Calibration:
       # Hosts on one machine's cores: each host's tasks share its cores
       # as measured inside a host, and the hosts slow each other as much
       # as two hosts' tasks were measured to side by side (a host pinned
-      # to a core of its own next to another: two ops on one host run at
-      # half speed, one op on each host at hosts_capacity / 2).
+      # to a core of its own next to another, capacity 1: two ops on one
+      # host run at half speed, one op on each host at hosts_capacity / 2).
       ids = {h: i for i, h in enumerate(dict.fromkeys(hosts))}
       return ComputeSharing(tuple(ids[h] for h in hosts), self.capacity,
                             threads, machine_capacity=max(

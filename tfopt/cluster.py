@@ -128,7 +128,10 @@ class ComputeSharing:
     sizes: dict[int, int] = {}
     for g in self.groups:
       sizes[g] = sizes.get(g, 0) + 1
-    return sum(self.group_speed(n) for n in sizes.values())
+    total = sum(self.group_speed(n) for n in sizes.values())
+    if self.machine_capacity is not None:  # the groups share one machine
+      total = min(total, self.machine_capacity)
+    return total
 
   @classmethod
   def alone(cls, num_devices: int, threads: int | None = None
@@ -164,6 +167,9 @@ class Cluster:
       raise invalid_argument("sharing", f"a ComputeSharing with one group "
                              f"per device ({len(devices)})",
                              self.sharing.groups)
+    if self.comm.hosts and len(self.comm.hosts) != len(devices):
+      raise invalid_argument("comm", f"a CommModel with one host per device "
+                             f"({len(devices)})", self.comm.hosts)
 
   def __len__(self) -> int:
     return len(self.devices)

@@ -152,7 +152,9 @@ def test_the_function_clock_times_the_hooks_runtime_on_copies(
   step, batch = step_and_batch
   before = {n: v.numpy().copy() for n, v in step.variables.items()}
   once = profile_module._function_clock(step, None, batch)  # pylint: disable=protected-access
-  once()
+  outputs = once()  # the step ran: its outputs (the loss among them)
+  assert outputs and all(np.all(np.isfinite(o)) for o in outputs)
+  assert len(outputs) >= len(step.output_names)
   for name, var in step.variables.items():
     np.testing.assert_array_equal(var.numpy(), before[name])
   import time  # pylint: disable=import-outside-toplevel

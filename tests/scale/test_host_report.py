@@ -89,7 +89,7 @@ def test_the_summary_prints_a_line_per_host_and_the_jobs_mfu(tmp_path):
       "straggler: worker 1",
       "host 10.0.0.2 (workers 2,3): MFU 5.83 % of 100 GFLOP/s peak "
       "(2 workers); link 19.0 Mbit/s in, 18.0 Mbit/s out; compute "
-      "straggler: worker 3: NETWORK STRAGGLER (its link far slower than "
+      "straggler: worker 3; NETWORK STRAGGLER (its link far slower than "
       "the other hosts')"]
   assert "MFU (job): 10.4 % of 200 GFLOP/s peak (4 workers)" in lines
   assert lines.count("worker 3 on host 10.0.0.2: step 30, final loss "

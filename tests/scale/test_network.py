@@ -48,5 +48,5 @@ def test_the_summary_gives_each_host_its_workers_and_verdict():
   assert lines[1] == ("host 10.0.0.2 (workers 1): link not measured "
                       "(timed out)")
   assert lines[2].startswith("host 10.0.0.3 (workers 2,3): link 5.0 "
-                             "Mbit/s in, 4.5 Mbit/s out: NETWORK STRAGGLER")
+                             "Mbit/s in, 4.5 Mbit/s out; NETWORK STRAGGLER")
   assert host_lines({}, {}) == []

@@ -340,8 +340,8 @@ def test_tasks_of_a_host_share_its_network_link():
   assert sorted((t.start_us, t.end_us) for t in shared.transfers) == [
       (1.0, 12.0), (2.0, 13.0)]
   assert shared.makespan_us == 14.0
-  # Within a host nothing waits for the network; ways in and out are
-  # apart: d0 -> d2 and d3 -> d1 at once do not wait for each other.
+  # Ways in and out are apart: d0 -> d2 and d3 -> d1 at once do not wait
+  # for each other.
   g2 = _graph("abce", [("a", "c"), ("e", "b")])
   p2 = _place({"a": 0, "b": 1, "c": 2, "e": 3}, 4)
   both = simulate(g2, p2, costs, Cluster.uniform(4, comm=CommModel.two_level(
@@ -351,9 +351,10 @@ def test_tasks_of_a_host_share_its_network_link():
   with pytest.raises(ValueError, match=r"Argument `hosts` must be per "
                      r"device a host index >= 0. Received: hosts=\(0, -1\)"):
     CommModel(link, hosts=(0, -1))
-  with pytest.raises(ValueError, match="one host per device"):
-    simulate(g, p, costs, Cluster.uniform(4, comm=CommModel(link,
-                                                            hosts=(0, 1))))
+  with pytest.raises(ValueError, match=r"Argument `comm` must be a "
+                     r"CommModel with one host per device \(4\). Received: "
+                     r"comm=\(0, 1\)"):
+    Cluster.uniform(4, comm=CommModel(link, hosts=(0, 1)))
 
 
 def test_control_edges_across_devices_can_be_messages():

@@ -18,8 +18,11 @@ Two refinements describe TensorFlow's own transports (fitted by
   * `CommModel.hosts`: the host of each device. Tasks of one host share
     its network link: transfers between hosts take turns on the sending
     host's way out and the receiving host's way in, each for its bytes on
-    that wire (two tasks of a host sending to another host at once get
-    half the link each, not a link each).
+    that wire (two tasks of a host sending to another host at once take
+    turns on its link, rather than each having a link of its own). The
+    wire time is the pair's link's: with three or more hosts of different
+    rates, a fast host sending to a throttled one holds its way out for
+    the slow link's time.
 
 `fit_comm_model` fits latency and bandwidth by least squares from measured
 (bytes, microseconds) pairs, `fit_overhead` the overhead from transfers

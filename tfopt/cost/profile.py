@@ -221,7 +221,11 @@ def profile_step(step: CapturedStep, *,
       "function" of the step as `tfopt.compile`'s hook runs it, imported
       into a `tf.function` (`tfopt.runtime.imported`) on copies of its
       variables, which ran the same graph 1.3-1.9x faster than a session
-      here; False: not scaled. Tracing perturbs the kernels it times: the
+      here (without XLA; with a `target` the session's clock is used);
+      False: not scaled. The function runs independent ops side by side on
+      TensorFlow's inter-op pool, which the simulator models again from
+      the costs: on a graph of many parallel branches the one-device
+      prediction can come out below the step. Tracing perturbs the kernels it times: the
       same MLP step's traced op times summed to 2.5 ms in one profile and
       3.8 ms in the next, its untraced step 3.1 ms.
 
@@ -280,7 +284,8 @@ def _function_clock(step: CapturedStep, graph_def, inputs):
   """One untraced step as `tfopt.compile`'s hook runs it (the graph
   imported into a `tf.function`, `tfopt.runtime.imported`), on copies of
   the step's variables (the model's own are not changed), warmed up:
-  a callable that runs it and waits for its outputs."""
+  a callable that runs it and returns its outputs as NumPy (waiting for
+  them, as session.run does)."""
   from tfopt.runtime.imported import imported_step  # pylint: disable=g-import-not-at-top
   copies = {}
   with tf.init_scope():
@@ -292,8 +297,8 @@ def _function_clock(step: CapturedStep, graph_def, inputs):
   feeds = [tf.constant(value) for value in inputs]
 
   def once():
-    for value in tf.nest.flatten(run(feeds), expand_composites=True):
-      value.numpy()  # wait for the step, as session.run does
+    return [value.numpy() for value in
+            tf.nest.flatten(run(feeds), expand_composites=True)]
   for _ in range(2):  # tracing, then the first run's allocations
     once()
   return once

@@ -6,8 +6,9 @@ process (remote.py), the job's private network namespace its server
 tasks run in (netns.py, relay.py), a Keras model's variables moved onto planned devices
 (variables.py), XLA per device (xla.py), the simulator's prediction against
 the clock (prediction.py), what a placed step really did op by op
-(timeline.py), and the fit of a cluster's link and core sharing
-(calibrate.py; saved by tfopt.calibration)."""
+(timeline.py), the fit of a cluster's link and core sharing
+(calibrate.py; saved by tfopt.calibration), and the captured step imported
+into a tf.function as tfopt.compile's hook runs it (imported.py)."""
 
 from tfopt._lazy import lazy_getattr
 

@@ -9,6 +9,8 @@
   manager's TF_CONFIG, or SLURM's variables.
 - `tfopt.scale.hosts`: several hosts on one machine (`LocalHosts`).
 - `tfopt.scale.network`: each host's link measured, network stragglers.
+- `tfopt.scale.host_report`: a launched job's MFU, stragglers and link
+  per host.
 - `tfopt.scale.heartbeat`: progress beats and the stuck / lost verdicts.
 - `tfopt.scale.compat`: Keras 3 `fit` under MultiWorkerMirroredStrategy.
 - `tfopt.scale.ps`: a custom loop for ParameterServerStrategy.

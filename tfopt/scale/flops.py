@@ -224,15 +224,20 @@ def train_step_flops(model, x, y=None, sample_weight=None) -> FlopCount:
   `MultiWorkerMirroredStrategy`, ...) is counted on a copy outside the
   strategy (`_replica_copy`), left untouched itself: give the batch one
   replica sees (the global batch / the replicas) for one replica's FLOPs.
-  The all-reduce does no matrix work, so the count is the same."""
+  The all-reduce does no matrix work. The copy is compiled with the loss
+  only (metrics and loss weights add no matmuls) and runs Keras' own
+  `train_step`: a model class that overrides it is counted by the
+  default step."""
   import keras  # pylint: disable=import-outside-toplevel
   import tensorflow as tf  # pylint: disable=import-outside-toplevel
   if not isinstance(model, keras.Model) or not model.compiled:
     raise invalid_argument("model", "a compiled keras.Model",
                            type(model).__name__)
-  strategy = getattr(model, "distribute_strategy", None)
-  if strategy is not None and strategy is not \
-      tf.distribute.get_strategy() or tf.distribute.has_strategy():
+  # Outside every scope get_strategy() is the default strategy: a model of
+  # another one is counted on a copy. Inside a scope, as before: directly.
+  if not tf.distribute.has_strategy() and getattr(
+      model, "distribute_strategy", None) not in (
+          None, tf.distribute.get_strategy()):
     model = _replica_copy(model)
   if not model.built:
     model(x)
@@ -253,22 +258,15 @@ def _replica_copy(model):
   train step computes, without building the user's optimizer outside its
   strategy's scope (which fails there and leaves it half built)."""
   import keras  # pylint: disable=import-outside-toplevel
-  import tensorflow as tf  # pylint: disable=import-outside-toplevel
-  if tf.distribute.has_strategy():
-    # Scopes do not nest: a copy made here would be the strategy's too.
-    raise RuntimeError(
-        "train_step_flops() of a distributed model must be called outside "
-        "`with strategy.scope()` (a Keras callback's on_train_begin is).")
   try:
     copy = keras.models.clone_model(model)
   except Exception as err:  # pylint: disable=broad-except
-    raise ValueError(
-        f"Argument `model` must be a Sequential or functional model (or "
-        f"one keras.models.clone_model can rebuild) to count its FLOPs "
-        f"under a distribution strategy. Received: model="
-        f"{type(model).__name__} ({err}). Count them on a copy built "
-        f"outside the strategy, or give MFUMonitor flops_per_step."
-    ) from err
+    raise invalid_argument(
+        "model", f"a Sequential or functional model (or one "
+        f"keras.models.clone_model rebuilds: {err}) to count its FLOPs "
+        f"under a distribution strategy; else count a copy built outside "
+        f"the strategy, or give MFUMonitor flops_per_step",
+        type(model).__name__) from err
   optimizer = type(model.optimizer).from_config(model.optimizer.get_config())
   copy.compile(optimizer=optimizer, loss=model.loss)
   return copy

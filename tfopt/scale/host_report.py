@@ -135,12 +135,11 @@ def _host_line(host: dict) -> str:
     if host[key]:
       parts.append(f"{what}: worker "
                    f"{','.join(str(w) for w in host[key])}")
-  text = f"host {host['address']} (workers {workers})"
-  if parts:
-    text += ": " + "; ".join(parts)
   if host["network_straggler"]:
-    text += ": NETWORK STRAGGLER (its link far slower than the other hosts')"
-  return text
+    parts.append("NETWORK STRAGGLER (its link far slower than the other "
+                 "hosts')")
+  text = f"host {host['address']} (workers {workers})"
+  return text + (": " + "; ".join(parts) if parts else "")
 
 
 def _mfu_text(pooled: dict) -> str:

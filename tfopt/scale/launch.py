@@ -152,7 +152,6 @@ class LaunchResult:
                 steps).items() if n > 1),
             "recomputed": recomputed}
 
-
   def per_host(self) -> list[dict]:
     """The last attempt's report per host (workers, pooled MFU,
     stragglers, link; `tfopt.scale.host_report.host_report`); empty on

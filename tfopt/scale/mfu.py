@@ -227,7 +227,7 @@ class MFUMonitor(keras.callbacks.Callback):
     if flops_per_step is not None and (
         isinstance(flops_per_step, bool) or
         not isinstance(flops_per_step, (int, float)) or
-        not flops_per_step > 0):
+        not 0 < flops_per_step < float("inf")):
       raise invalid_argument("flops_per_step", "a positive number or None",
                              flops_per_step)
     self.sample_batch = tuple(sample_batch)

@@ -241,8 +241,10 @@ class _Timeline:
 
   Transfers: one per (tensor, destination device), and, when the CommModel
   says control dependencies are messages, one per (op, destination device)
-  for control edges. A transfer starts once both channels are free, holds
-  them for `Link.channel_us` and arrives after `Link.transfer_us`.
+  for control edges. A transfer starts once both channels (and, between
+  hosts, the sending host's way out and the receiving host's way in) are
+  free, holds the channels for `Link.channel_us` and the hosts' links for
+  its bytes on the wire, and arrives after `Link.transfer_us`.
   """
 
   def __init__(self, graph: OpGraph, device: dict[str, int], op_cost,
@@ -272,10 +274,7 @@ class _Timeline:
     for d, g in enumerate(self.group):
       self.members.setdefault(g, []).append(d)
     self.channel_free = [0.0] * num
-    hosts = self.comm.hosts
-    if hosts and len(hosts) != num:
-      raise invalid_argument("cluster", f"a CommModel whose `hosts` name "
-                             f"one host per device ({num})", hosts)
+    hosts = self.comm.hosts  # one per device: Cluster checks it
     # Each host's network link, per direction: free from this time on.
     self.wire_out = [0.0] * (max(hosts) + 1 if hosts else 0)
     self.wire_in = list(self.wire_out)
