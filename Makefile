@@ -50,13 +50,17 @@ lint: $(STAMP)
 # seconds) afterwards, alone. A family's compatibility cells and the tests
 # sharing one expensive fixture form xdist groups (--dist loadgroup).
 # --durations: the slowest tests of each pass, to keep the suite's time
-# in view.
+# in view. The serial pass runs also after a failing first pass (so one
+# run shows every failure); make fails if either pass failed.
 TEST_WORKERS ?= 2
 test: $(STAMP) lint
+	first=0; second=0; \
 	TF_CPP_MIN_LOG_LEVEL=2 $(PY) -m pytest -q --strict-skips \
-	    -n $(TEST_WORKERS) --dist loadgroup -m "not serial" --durations=15
+	    -n $(TEST_WORKERS) --dist loadgroup -m "not serial" --durations=15 \
+	    || first=$$?; \
 	TF_CPP_MIN_LOG_LEVEL=2 $(PY) -m pytest -q --strict-skips -m serial \
-	    --durations=10
+	    --durations=10 || second=$$?; \
+	if [ $$first -ne 0 ]; then exit $$first; fi; exit $$second
 
 docs: $(STAMP)
 	$(PY) tools/build_docs.py --out=build/docs

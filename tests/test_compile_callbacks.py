@@ -92,6 +92,29 @@ def test_mfu_monitor_with_the_hook():
   assert all(0 < e["mfu"] < 1 for e in monitor.epochs)
 
 
+def test_mfu_monitor_with_the_hook_and_steps_per_execution():
+  # 4 batches an epoch, 2 per call: one clean call of 2 steps per epoch,
+  # its time counted as 2 steps, as on plain Keras.
+  runs = []
+  for hooked in (False, True):
+    model, x, y = _moe()
+    kwargs = dict(optimizer=keras.optimizers.Adam(1e-2), loss=model.loss,
+                  steps_per_execution=2)
+    if hooked:
+      tfopt.compile(model, verbose=False, **kwargs)
+    else:
+      model.compile(**kwargs)
+    monitor = MFUMonitor((x[:8], y[:8]), peak_flops=1e12)
+    losses = model.fit(x, y, callbacks=[monitor], **FIT).history["loss"]
+    runs.append((losses, monitor))
+  (expected, reference), (losses, monitor) = runs
+  np.testing.assert_allclose(losses, expected, rtol=1e-5)
+  assert _is_hook(model)
+  assert monitor.step_counts == reference.step_counts == [2, 2]
+  assert monitor.flops_per_step == reference.flops_per_step > 0
+  assert all(0 < e["mfu"] < 1 for e in monitor.epochs)
+
+
 def test_a_plain_compile_afterwards_is_plain_keras_again():
   _, hooked, x, y = _twins()
   hooked.fit(x, y, **FIT)

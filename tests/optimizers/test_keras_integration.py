@@ -357,6 +357,34 @@ def test_diagnostics_need_tracking_and_a_build():
     DecayFractionLogger(every_n_batches=0)
 
 
+def test_decay_fraction_every_n_steps_with_steps_per_execution():
+  # every_n_batches=3 counts steps: with 2 steps per call the values go
+  # into the logs of the calls completing steps 3 and 6 of an 8-step
+  # epoch (ending at batch indices 3 and 5), each the fraction of its
+  # call's last step: what one step per call logs at those steps.
+  x, y = _data(32)
+  runs = []
+  for per_call, every in ((1, 1), (2, 3)):
+    model = _model()
+    model.compile(CautiousAdamW(1e-2, weight_decay=0.1,
+                                track_decay_fraction=True), "mse",
+                  steps_per_execution=per_call)
+    seen = []
+    reader = keras.callbacks.LambdaCallback(
+        on_train_batch_end=lambda batch, logs, seen=seen: seen.append(
+            (batch, logs.get("cwd_decay_fraction"))))
+    model.fit(x, y, batch_size=4, epochs=1, shuffle=False, verbose=0,
+              callbacks=[DecayFractionLogger(every_n_batches=every),
+                         reader])
+    runs.append({b: f for b, f in seen if f is not None})
+  every_step, every_third = runs
+  assert sorted(every_step) == list(range(8))
+  assert sorted(every_third) == [3, 5]
+  for batch, fraction in every_third.items():
+    assert fraction == pytest.approx(every_step[batch], rel=1e-5)
+  assert len(set(every_step.values())) > 1  # the steps tell apart
+
+
 def _run_script(module, **env):
   """Runs `python -m module` from the repo root; returns its JSON output."""
   root = os.path.dirname(os.path.dirname(os.path.dirname(__file__)))

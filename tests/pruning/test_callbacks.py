@@ -68,6 +68,30 @@ def test_masks_exact_after_fine_tuning(at_step):
   assert regrown > 0
 
 
+# Pruned after 4 steps of training some expert gets no calibration token
+# (pruned by magnitude, warned), identically in both runs.
+@pytest.mark.filterwarnings("ignore:MoE layer .* received")
+def test_at_step_counts_steps_with_steps_per_execution():
+  # Two steps per call: pruned before step 4 as with one step per call
+  # (calls begin at 0, 2, 4, 6), so the same masks and losses.
+  runs = []
+  for per_call in (1, 2):
+    model, x, y = _model()
+    model.compile(optimizer=keras.optimizers.Adam(1e-2), loss=model.loss,
+                  steps_per_execution=per_call)
+    pruner = MoEPruner(x[:16], sparsity=0.5, at_step=4, **FEW)
+    history = model.fit(x, y, batch_size=4, epochs=1, shuffle=False,
+                        verbose=0, callbacks=[pruner])
+    assert len(pruner.reports) == 1
+    runs.append((history.history["loss"], installed_masks(model)))
+  (loss_one, masks_one), (loss_two, masks_two) = runs
+  np.testing.assert_allclose(loss_two, loss_one, rtol=1e-5)
+  # The same weights pruned: calibrated on the weights after 4 steps.
+  assert masks_one and set(masks_two) == set(masks_one)
+  for path, keep in masks_one.items():
+    np.testing.assert_array_equal(masks_two[path], keep, err_msg=path)
+
+
 def test_gradual_schedule_nested_masks():
   model, x, y = _model()
   pruner = MoEPruner(x[:16], method="wanda", sparsity=0.75, **FEW,
@@ -138,6 +162,27 @@ def test_distiller_term_and_auto_lambda():
   assert float(ops.convert_to_numpy(distiller.lam)) == pytest.approx(
       distiller.lambda_value, rel=1e-6)
   assert not any("call" in vars(l) for l in find_moe_layers(student))
+
+
+def test_auto_lambda_scale_with_steps_per_execution():
+  # Two steps per call: the term adds up over both, the logged loss is
+  # their mean; lambda stays at the scale one step per call gives. Both
+  # steps see the same batch and the second step's weights differ only by
+  # one tiny Adam step, so the two steps' terms and losses nearly agree.
+  lambdas = []
+  for per_call in (1, 2):
+    teacher, x, y = _model()
+    student, _, _ = _model()
+    student.set_weights(teacher.get_weights())
+    student.compile(optimizer=keras.optimizers.Adam(1e-6),
+                    loss=student.loss, steps_per_execution=per_call)
+    pruner = MoEPruner(x[:16], sparsity=0.5, **FEW)
+    distiller = ExpertDistiller(teacher)
+    twice = np.concatenate([x[:4], x[:4]]), np.concatenate([y[:4], y[:4]])
+    student.fit(*twice, batch_size=4, epochs=1, verbose=0, shuffle=False,
+                callbacks=[pruner, distiller])
+    lambdas.append(distiller.lambda_value)
+  assert lambdas[1] == pytest.approx(lambdas[0], rel=0.01)
 
 
 def test_distiller_lambda_guarded_at_zero_sparsity():

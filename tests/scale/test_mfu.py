@@ -164,3 +164,42 @@ def test_given_flops_are_not_counted_and_fits_pool(monkeypatch):
                      r"a positive number or None. Received: "
                      r"flops_per_step=0"):
     MFUMonitor((x, y), flops_per_step=0)
+
+
+def test_steps_per_execution_samples_cover_every_step(monkeypatch):
+  """With steps_per_execution=4 Keras calls the batch hooks once per 4
+  steps (the epoch's last call 2): a clock ticking once per read gives 1 s
+  per call, so 1/4 s per step of a full call and 1/2 s of the short one;
+  the steps covered add up to the optimizer's iterations less the first
+  call of each epoch."""
+  from tfopt.scale import mfu as mfu_module  # pylint: disable=import-outside-toplevel
+  ticks = iter(range(1000))
+
+  class Clock:
+    perf_counter = staticmethod(lambda: float(next(ticks)))
+
+  monkeypatch.setattr(mfu_module, "time", Clock)
+  model = _model()
+  model.compile(keras.optimizers.SGD(0.01), "mse", steps_per_execution=4)
+  x = np.zeros((40, 32), "float32")
+  y = np.zeros((40, 8), "float32")
+  monitor = MFUMonitor((x[:4], y[:4]), peak_flops=1e9, flops_per_step=1e6,
+                       log_every=4)
+  seen = []
+  reader = keras.callbacks.LambdaCallback(
+      on_train_batch_end=lambda batch, logs: seen.append(
+          (batch, logs.get("mfu"))))
+  model.fit(x, y, batch_size=4, epochs=2, verbose=0,
+            callbacks=[monitor, reader])
+  assert int(model.optimizer.iterations) == 20
+  assert monitor.step_counts == [4, 2, 4, 2]
+  assert monitor.step_times == [0.25, 0.5, 0.25, 0.5]
+  s = monitor.summary()
+  assert s["step_s"] == 0.25  # 8 of the 12 clean steps took 1/4 s
+  assert s["mfu"] == pytest.approx(1e6 / 0.25 / 1e9)
+  assert s["samples_per_s"] == pytest.approx(4 / 0.25)
+  # Clean calls 4 s of the 7 from train begin to train end.
+  assert s["goodput"] == pytest.approx(4 / 7)
+  assert [e["step_s"] for e in monitor.epochs] == [0.25, 0.25]
+  # log_every=4 steps: at every clean call that completes 4 more steps.
+  assert [b for b, m in seen if m is not None] == [7, 7]

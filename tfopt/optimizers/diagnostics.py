@@ -4,12 +4,17 @@ from __future__ import annotations
 
 import keras
 
+from tfopt import _fit_steps as fit_steps
 from tfopt import summaries
 from tfopt._errors import invalid_argument
 
 
 class DecayFractionLogger(keras.callbacks.Callback):
   """Adds `cwd_decay_fraction` to the epoch logs (and, optionally, batch logs).
+
+  `every_n_batches` counts training steps: with `steps_per_execution=N`
+  the value goes into the logs of the calls during which a multiple of it
+  completes (its fraction at the call's last step).
 
   The fraction of decayable coordinates that cautious weight decay decayed at
   the last step: 1.0 is plain decoupled decay, lower means CWD spared
@@ -64,13 +69,18 @@ class DecayFractionLogger(keras.callbacks.Callback):
     return float(keras.ops.convert_to_numpy(inner.decay_fraction()))
 
   def on_train_batch_end(self, batch, logs=None):
-    if self.every_n_batches and logs is not None and (
-        (batch + 1) % self.every_n_batches == 0):
+    if not self.every_n_batches or logs is None:
+      return
+    # With steps_per_execution=N one call ends N steps: log where one of
+    # them completes a multiple of every_n_batches.
+    first, last = fit_steps.call_steps(self, batch)
+    n = self.every_n_batches
+    if (last + 1) // n > first // n:
       logs["cwd_decay_fraction"] = self._fraction()
       if self._summaries is not None:
         self._summaries.write_scalar("cwd/decay_fraction/step",
                                      logs["cwd_decay_fraction"],
-                                     self._epoch_first + batch + 1)
+                                     self._epoch_first + last + 1)
 
   def on_epoch_end(self, epoch, logs=None):
     if logs is not None:

@@ -14,6 +14,7 @@ import keras
 import numpy as np
 from keras import ops
 
+from tfopt import _fit_steps as fit_steps
 from tfopt import summaries
 from tfopt._errors import TfoptWarning, check_non_negative, invalid_argument
 from tfopt.pruning.adapters import adapter_for, find_moe_layers
@@ -29,7 +30,9 @@ class MoEPruner(keras.callbacks.Callback):
     data: calibration inputs (see `prune_moe`).
     method, sparsity, pattern: as in `prune_moe`.
     at_step: the global training step before which pruning happens (0: at
-      train begin).
+      train begin). With `steps_per_execution=N` Keras runs N steps per
+      call and the callback acts between calls: before the first call
+      that begins at or after the step.
     gradual: None, or (begin_step, end_step, stages): unstructured sparsity
       rises along Zhu & Gupta's cubic schedule s_t = s (1 - (1 - t)^3) over
       `stages` prunings between the two steps, each re-calibrated on the
@@ -115,7 +118,7 @@ class MoEPruner(keras.callbacks.Callback):
     self._maybe_prune()
 
   def on_train_batch_end(self, batch, logs=None):
-    self._step += 1
+    self._step += fit_steps.count(self, batch)
 
   def _maybe_prune(self) -> None:
     while self.schedule and self.schedule[0][0] <= self._step:
@@ -213,7 +216,10 @@ class ExpertDistiller(keras.callbacks.Callback):
   def on_train_batch_end(self, batch, logs=None):
     if self.lambda_setting != "auto" or self.lambda_value is not None:
       return
-    term = float(ops.convert_to_numpy(self.term))
+    # The term adds up over the call's steps (steps_per_execution), the
+    # logged loss is their mean.
+    term = float(ops.convert_to_numpy(self.term)) / fit_steps.count(
+        self, batch)
     loss = float(np.asarray((logs or {}).get("loss", 0.0)))
     if term > 1e-12:
       self.lambda_value = loss / term

@@ -24,11 +24,14 @@ makes it the denominator, for backward compatibility, named as such).
 Per batch the callback only reads the clock. It declares `async_safe =
 False`, truthfully: Keras' asynchronous dispatch would run it on a worker
 thread whenever that thread gets to it, and the clock must be read when the
-step ends. Step time = time between consecutive batch ends, the first step of each
-epoch excluded (it includes tracing and input start-up). MFU = FLOPs per
-step / median step time / peak. Goodput = the sum of productive step times
-/ the wall time from train begin to train end (tracing, compilation,
-evaluation, checkpoints and callbacks are the badput).
+step ends. Step time = time between consecutive batch ends over the steps
+that call ran (with `steps_per_execution=N` Keras calls the batch hooks once
+per N steps: one sample of N steps, the last of an epoch maybe fewer; of
+a dataset of unknown length that short call counts N), the first call of each epoch excluded (it includes tracing and input
+start-up). MFU = FLOPs per step / median step time / peak. Goodput = the
+sum of productive step times / the wall time from train begin to train end
+(tracing, compilation, evaluation, checkpoints and callbacks are the
+badput).
 
 With a `keras.callbacks.TensorBoard` in the same fit (`tfopt.summaries`),
 the values it logs go to TensorBoard too: `tfopt/mfu/step` (with
@@ -38,12 +41,12 @@ the values it logs go to TensorBoard too: `tfopt/mfu/step` (with
 
 from __future__ import annotations
 
-import statistics
 import time
 
 import keras
 import numpy as np
 
+from tfopt import _fit_steps as fit_steps
 from tfopt import summaries
 from tfopt._errors import invalid_argument
 
@@ -187,7 +190,8 @@ class MFUMonitor(keras.callbacks.Callback):
       or "auto" (the visible GPU's datasheet figure for the model's
       compute dtype, else this CPU's theoretical peak); "measure" uses the
       measured achievable peak instead (not the standard MFU: named so).
-    log_every: add `mfu` to the batch logs every n batches (0: only epochs).
+    log_every: add `mfu` to the batch logs every n steps, at the batch end
+      that completes them (0: only epochs).
     measure_achievable: also time what this machine reaches at train begin
       (`achievable_flops`, `mfu_of_achievable` in the summary).
     flops_per_step: the step's FLOPs when known (then nothing is
@@ -240,10 +244,12 @@ class MFUMonitor(keras.callbacks.Callback):
     self.cores = None
     self.achievable_flops = None
     self.batch_size = int(np.shape(sample_batch[0])[0])
-    self.step_times: list = []
+    self.step_times: list = []  # seconds per step, one entry per batch end
+    self.step_counts: list = []  # the steps each of those covered
     self.epoch_starts: list = []  # index into step_times of each epoch
     self.epochs: list = []
     self._last = None
+    self._unlogged = 0  # steps since `mfu` last went into the batch logs
     self._train_start = None
     self._wall = None
     self._summaries = None  # the fit's TensorBoard, if it has one
@@ -276,23 +282,35 @@ class MFUMonitor(keras.callbacks.Callback):
 
   def on_train_batch_end(self, batch, logs=None):
     now = time.perf_counter()
+    steps = fit_steps.count(self, batch)
     if self._last is not None:
-      self.step_times.append(now - self._last)
+      self.step_times.append((now - self._last) / steps)
+      self.step_counts.append(steps)
+      self._unlogged += steps
       if self.log_every and logs is not None and \
-          len(self.step_times) % self.log_every == 0:
-        logs["mfu"] = self._mfu(self.step_times[-self.log_every:])
+          self._unlogged >= self.log_every:
+        logs["mfu"] = self._mfu(self._median_step(self._since(
+            self.log_every)))
+        self._unlogged = 0
         if self._summaries is not None:
           self._summaries.write_scalar("mfu/step", logs["mfu"],
-                                       self._step + 1)
+                                       self._step + steps)
     self._last = now
-    self._step += 1
+    self._step += steps
+
+  def _since(self, steps: int) -> int:
+    """Where the last samples covering `steps` steps begin."""
+    first, covered = len(self.step_counts), 0
+    while first > 0 and covered < steps:
+      first -= 1
+      covered += self.step_counts[first]
+    return first
 
   def on_epoch_end(self, epoch, logs=None):
-    times = self.step_times[self._epoch_first:]
-    if times:
-      mfu = self._mfu(times)
-      self.epochs.append({"epoch": epoch, "mfu": mfu,
-                          "step_s": statistics.median(times)})
+    if len(self.step_times) > self._epoch_first:
+      step_s = self._median_step(self._epoch_first)
+      mfu = self._mfu(step_s)
+      self.epochs.append({"epoch": epoch, "mfu": mfu, "step_s": step_s})
       if logs is not None:
         logs["mfu"] = mfu
       if self._summaries is not None:
@@ -321,8 +339,14 @@ class MFUMonitor(keras.callbacks.Callback):
       return PEAK_FLOPS[spec], f"datasheet: {spec}"
     return float(spec), "stated by the user"
 
-  def _mfu(self, times) -> float:
-    return self.flops_per_step / statistics.median(times) / self.peak
+  def _median_step(self, first: int = 0, last: int | None = None) -> float:
+    """The median seconds per step of samples [first, last), each sample
+    counted once per step it covered."""
+    return float(np.median(np.repeat(self.step_times[first:last],
+                                     self.step_counts[first:last])))
+
+  def _mfu(self, step_s: float) -> float:
+    return self.flops_per_step / step_s / self.peak
 
   def timeline_png(self, path: str, *, window: int = 10,
                    overwrite: bool = False) -> None:
@@ -338,7 +362,9 @@ class MFUMonitor(keras.callbacks.Callback):
     times = np.asarray(self.step_times)
     rolling = np.array([np.median(times[max(0, i - window + 1):i + 1])
                         for i in range(len(times))])
-    steps = np.arange(len(times))
+    # x: the training step each sample ends at (N apart with
+    # steps_per_execution=N), counted over the clean samples.
+    steps = np.cumsum(self.step_counts)
     fig, (top, bottom) = plt.subplots(2, 1, figsize=(8, 4.2), sharex=True)
     top.plot(steps, times * 1e3, lw=0.6, color="#999999", label="step")
     top.plot(steps, rolling * 1e3, lw=1.4, color="#1f77b4",
@@ -350,8 +376,11 @@ class MFUMonitor(keras.callbacks.Callback):
     bottom.set_ylabel("MFU (%)")
     bottom.set_xlabel("step (first step of each epoch excluded)")
     for start in self.epoch_starts[1:]:
+      if start >= len(steps):
+        continue  # an epoch with no clean sample
       for ax in (top, bottom):
-        ax.axvline(start - 0.5, color="#cccccc", lw=0.8, ls="--")
+        ax.axvline(steps[start] - 0.5 * self.step_counts[start],
+                   color="#cccccc", lw=0.8, ls="--")
     summary = self.summary()
     top.set_title(f"MFU {100 * summary['mfu']:.2f} % of {self.peak:.3g} "
                   f"FLOP/s ({self.peak_source}), {summary['samples_per_s']:.0f} samples/s "
@@ -364,7 +393,7 @@ class MFUMonitor(keras.callbacks.Callback):
     if not self.step_times:
       raise RuntimeError("MFUMonitor.summary() needs a fit with at least two "
                          "batches in an epoch.")
-    step = statistics.median(self.step_times)
+    step = self._median_step()
     achieved = self.flops_per_step / step
     return {"flops_per_step": self.flops_per_step, "peak_flops": self.peak,
             "peak_source": self.peak_source,
@@ -374,5 +403,7 @@ class MFUMonitor(keras.callbacks.Callback):
                                   if self.achievable_flops else None),
             "samples_per_s": self.batch_size / step,
             "cores": self.cores,
-            "goodput": (sum(self.step_times) / self._wall
+            "goodput": (sum(t * n for t, n in zip(self.step_times,
+                                                  self.step_counts))
+                        / self._wall
                         if self._wall else None)}
