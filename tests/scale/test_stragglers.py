@@ -166,3 +166,37 @@ def test_compute_timing_inside_the_step(caplog):
     assert len(recorder.compute) == len(recorder.sync) == 80
     for c, s, t in zip(recorder.compute, recorder.sync, recorder.in_step):
       assert 0 < c and 0 <= s and c + s <= t
+
+
+def test_compute_timing_per_call_with_steps_per_execution():
+  # 4 steps per call, each holding its forward pass >= 5 ms (a host sleep
+  # whose output the loss needs): a call's compute is its 4 steps' sum,
+  # so >= 20 ms, and within the call's host-clock time.
+  import tensorflow as tf  # pylint: disable=import-outside-toplevel
+
+  def sleep_5ms():
+    time.sleep(0.005)
+    return np.float32(0.0)
+
+  class Slow(keras.layers.Layer):
+
+    def call(self, x):
+      pause = tf.numpy_function(sleep_5ms, [], tf.float32, stateful=True)
+      return x + tf.stop_gradient(tf.reshape(pause, []))
+
+    def compute_output_shape(self, shape):
+      return shape
+
+  keras.utils.set_random_seed(0)
+  model = keras.Sequential([keras.Input((8,)), Slow(), keras.layers.Dense(1)])
+  model.compile("adam", "mse", steps_per_execution=4)
+  x = np.random.default_rng(0).normal(size=(40, 8)).astype("float32")
+  recorder = StepPhaseRecorder(time_compute=True)
+  model.fit(x, x[:, :1], batch_size=4, epochs=1, verbose=0,
+            callbacks=[recorder])
+  # 10 steps: calls of 4, 4 and 2.
+  assert len(recorder.in_step) == len(recorder.compute) == 3
+  for c, s, t, steps in zip(recorder.compute, recorder.sync,
+                            recorder.in_step, (4, 4, 2)):
+    assert steps * 0.005 <= c and 0 <= s and c + s <= t
+

@@ -52,6 +52,7 @@ import time
 import keras
 import numpy as np
 
+from tfopt import _fit_steps as fit_steps
 from tfopt import summaries
 from tfopt._errors import invalid_argument
 from tfopt._io import atomic_write_text
@@ -214,7 +215,9 @@ class StepPhaseRecorder(keras.callbacks.Callback):
   `host_gap[i]` is the time from the previous batch's end (or train begin)
   to batch i's begin; `in_step[i]` from batch i's begin to its end;
   `compute[i]` / `sync[i]` from the step's own timestamps
-  (`time_step_phases`). `async_safe = False` because the clock must be
+  (`time_step_phases`). With `steps_per_execution=N` Keras calls the
+  batch hooks once per N steps: entry i is then a call, its compute and
+  sync the sums over the call's steps. `async_safe = False` because the clock must be
   read when the batch begins and ends, not when a thread pool gets to the
   callback.
   """
@@ -232,17 +235,28 @@ class StepPhaseRecorder(keras.callbacks.Callback):
     self._begin = None
     self._last_end = None
     self._timer = None
-    self._unread = 0  # timed steps not read back yet
+    self._unread: list = []  # per call not read back yet, its steps
+
+  @property
+  def _unread_steps(self) -> int:
+    return sum(self._unread)
 
   def set_model(self, model):
     super().set_model(model)
     if self.time_compute and self._timer is None:
-      self._timer = time_step_phases(model)
+      per_call = fit_steps.steps_per_execution(model)
+      self._timer = time_step_phases(model, window=max(64, 2 * per_call))
       if self._timer is None:
         logging.getLogger("tfopt").warning(
             "%s: no compute timing inside an XLA-compiled step (XLA has no "
             "Timestamp kernel); host-side phases only", type(self).__name__)
         self.time_compute = False
+      elif self._timer.window < per_call:  # made before, for fewer steps
+        logging.getLogger("tfopt").warning(
+            "%s: the step's timestamp ring (%d steps) is smaller than "
+            "steps_per_execution=%d; host-side phases only",
+            type(self).__name__, self._timer.window, per_call)
+        self._timer, self.time_compute = None, False
       # A train function traced before the timestamps existed has none.
       elif getattr(model, "train_function", None) is not None:
         model.make_train_function(force=True)
@@ -262,8 +276,10 @@ class StepPhaseRecorder(keras.callbacks.Callback):
     self._last_end = time.perf_counter()
     self.in_step.append(self._last_end - self._begin)
     if self._timer is not None:
-      self._unread += 1
-      if self._unread == self._timer.window:
+      self._unread.append(fit_steps.count(self, batch))
+      # Read before the ring could overwrite a step not read yet.
+      if self._unread_steps + fit_steps.steps_per_execution(self.model) > \
+          self._timer.window:
         self.collect()
 
   def on_train_end(self, logs=None):
@@ -271,13 +287,15 @@ class StepPhaseRecorder(keras.callbacks.Callback):
 
   def collect(self) -> None:
     """Reads the steps timed since the last read into `compute` / `sync`
-    (one device read; done every `window` steps and at train end)."""
+    (one device read; done before the ring fills and at train end)."""
     if self._timer is None or not self._unread:
       return
-    for start, ready, end in self._timer.read(self._unread):
-      self.compute.append(ready - start)
-      self.sync.append(end - ready)
-    self._unread = 0
+    rows = self._timer.read(self._unread_steps)
+    for steps in self._unread:  # a call's steps: their sums
+      own, rows = rows[:steps], rows[steps:]
+      self.compute.append(sum(ready - start for start, ready, _ in own))
+      self.sync.append(sum(end - ready for _, ready, end in own))
+    self._unread = []
 
 
 class StragglerMonitor(StepPhaseRecorder):
