@@ -50,14 +50,16 @@ lint: $(STAMP)
 # seconds) afterwards, alone. A family's compatibility cells and the tests
 # sharing one expensive fixture form xdist groups (--dist loadgroup).
 # --durations: the slowest tests of each pass, to keep the suite's time
-# in view. The serial pass runs also after a failing first pass (so one
-# run shows every failure); make fails if either pass failed.
+# in view. The serial pass runs also after a first pass with failing
+# tests (so one run shows every failure), not after one interrupted or
+# misused (pytest's 2-4); make fails if either pass failed.
 TEST_WORKERS ?= 2
 test: $(STAMP) lint
 	first=0; second=0; \
 	TF_CPP_MIN_LOG_LEVEL=2 $(PY) -m pytest -q --strict-skips \
 	    -n $(TEST_WORKERS) --dist loadgroup -m "not serial" --durations=15 \
 	    || first=$$?; \
+	case $$first in 2|3|4) exit $$first;; esac; \
 	TF_CPP_MIN_LOG_LEVEL=2 $(PY) -m pytest -q --strict-skips -m serial \
 	    --durations=10 || second=$$?; \
 	if [ $$first -ne 0 ]; then exit $$first; fi; exit $$second

@@ -92,9 +92,17 @@ def test_mfu_monitor_with_the_hook():
   assert all(0 < e["mfu"] < 1 for e in monitor.epochs)
 
 
-def test_mfu_monitor_with_the_hook_and_steps_per_execution():
+def test_mfu_monitor_with_the_hook_and_steps_per_execution(monkeypatch):
   # 4 batches an epoch, 2 per call: one clean call of 2 steps per epoch,
-  # its time counted as 2 steps, as on plain Keras.
+  # its time counted as 2 steps, as on plain Keras. The monitor's clock
+  # ticks a second per read: a call (one read) is 1 s, a step 1/2 s.
+  from tfopt.scale import mfu as mfu_module
+  ticks = iter(range(10_000))
+
+  class Clock:
+    perf_counter = staticmethod(lambda: float(next(ticks)))
+
+  monkeypatch.setattr(mfu_module, "time", Clock)
   runs = []
   for hooked in (False, True):
     model, x, y = _moe()
@@ -111,6 +119,7 @@ def test_mfu_monitor_with_the_hook_and_steps_per_execution():
   np.testing.assert_allclose(losses, expected, rtol=1e-5)
   assert _is_hook(model)
   assert monitor.step_counts == reference.step_counts == [2, 2]
+  assert monitor.step_times == reference.step_times == [0.5, 0.5]
   assert monitor.flops_per_step == reference.flops_per_step > 0
   assert all(0 < e["mfu"] < 1 for e in monitor.epochs)
 

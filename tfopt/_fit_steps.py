@@ -1,13 +1,20 @@
 """The training steps one batch hook of Keras' `fit` stands for.
 
-With `compile(..., steps_per_execution=N)` Keras runs N steps per call of
-the train function and calls `on_train_batch_begin` / `on_train_batch_end`
-once per call, with the call's first and last step within the epoch: 0 and
-N - 1, N and 2N - 1, and so on. The last call of an epoch whose length is
-not a multiple of N runs fewer steps but is still passed begin + N - 1. A
-callback that counts steps, times them or acts at a step reads its call's
-steps here, from the end index alone (a callback declared `async_safe`
-may see the ends late and after the next call began).
+With `compile(..., steps_per_execution=N)` Keras runs up to N steps per
+call of the train function and calls `on_train_batch_begin` /
+`on_train_batch_end` once per call, with the call's first and last step
+within the epoch: 0 and N - 1, N and 2N - 1, and so on; the end index is
+begin + N - 1 even where the call ran fewer steps. `call_steps` reads a
+call's steps from the end index alone (a callback declared `async_safe`
+may see the ends late, after the next call began), clipped to the epoch's
+length `params["steps"]`. That is exact for data of known length, where
+the epoch's short last call is the data running out. It is not for the
+epoch's last call in two cases: data of unknown length (a short last call
+counts N) and `steps_per_epoch=S` with S not a multiple of N over data
+that goes on (Keras then runs N steps in the last call; counted S mod N).
+Callbacks that need the exact count correct it from a counter the step
+advances (`StepPhaseRecorder`: its timestamp ring's count; `MoEPruner`,
+`MFUMonitor`: the optimizer's iterations, `tfopt.summaries.training_step`).
 """
 
 from __future__ import annotations
@@ -22,8 +29,13 @@ def call_steps(callback, end: int) -> tuple[int, int]:
   """(first, last) step within the epoch of the call whose
   `on_train_batch_end` got `end`: the N steps up to `end`, the last
   clipped to the epoch's length where Keras knows it (`params["steps"]`).
-  Where it does not (a dataset of unknown length), an epoch's short last
-  call counts N."""
+
+  >>> class Fit:  # a callback's view: N = 4, an epoch of 10 steps
+  ...   model = type("Model", (), {"steps_per_execution": 4})()
+  ...   params = {"steps": 10}
+  >>> call_steps(Fit(), 3), call_steps(Fit(), 11)
+  ((0, 3), (8, 9))
+  """
   first = max(0, end - steps_per_execution(callback.model) + 1)
   epoch_steps = (getattr(callback, "params", None) or {}).get("steps")
   if isinstance(epoch_steps, int) and epoch_steps > 0:
@@ -32,6 +44,7 @@ def call_steps(callback, end: int) -> tuple[int, int]:
 
 
 def count(callback, end: int) -> int:
-  """How many steps the call ending at `end` ran (>= 1)."""
+  """How many steps the call ending at `end` ran (>= 1; see `call_steps`)."""
   first, last = call_steps(callback, end)
   return last - first + 1
+

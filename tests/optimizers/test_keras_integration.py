@@ -358,13 +358,14 @@ def test_diagnostics_need_tracking_and_a_build():
 
 
 def test_decay_fraction_every_n_steps_with_steps_per_execution():
-  # every_n_batches=3 counts steps: with 2 steps per call the values go
-  # into the logs of the calls completing steps 3 and 6 of an 8-step
-  # epoch (ending at batch indices 3 and 5), each the fraction of its
-  # call's last step: what one step per call logs at those steps.
-  x, y = _data(32)
+  # every_n_batches=3 counts steps: with 4 steps per call the values go
+  # into the logs of the calls completing steps 3, 6 and 9 of a 10-step
+  # epoch (calls of 4, 4 and 2 steps, passed the end indices 3, 7 and 11),
+  # each the fraction of its call's last step (indices 3, 7, 9): what one
+  # step per call logs at those steps.
+  x, y = _data(40)
   runs = []
-  for per_call, every in ((1, 1), (2, 3)):
+  for per_call, every in ((1, 1), (4, 3)):
     model = _model()
     model.compile(CautiousAdamW(1e-2, weight_decay=0.1,
                                 track_decay_fraction=True), "mse",
@@ -378,10 +379,10 @@ def test_decay_fraction_every_n_steps_with_steps_per_execution():
                          reader])
     runs.append({b: f for b, f in seen if f is not None})
   every_step, every_third = runs
-  assert sorted(every_step) == list(range(8))
-  assert sorted(every_third) == [3, 5]
+  assert sorted(every_step) == list(range(10))
+  assert sorted(every_third) == [3, 7, 11]
   for batch, fraction in every_third.items():
-    assert fraction == pytest.approx(every_step[batch], rel=1e-5)
+    assert fraction == pytest.approx(every_step[min(batch, 9)], rel=1e-5)
   assert len(set(every_step.values())) > 1  # the steps tell apart
 
 

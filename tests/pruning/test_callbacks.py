@@ -68,25 +68,34 @@ def test_masks_exact_after_fine_tuning(at_step):
   assert regrown > 0
 
 
-# Pruned after 4 steps of training some expert gets no calibration token
-# (pruned by magnitude, warned), identically in both runs.
+# Pruned after some steps of training some expert gets no calibration
+# token (pruned by magnitude, warned), identically in both runs.
 @pytest.mark.filterwarnings("ignore:MoE layer .* received")
-def test_at_step_counts_steps_with_steps_per_execution():
-  # Two steps per call: pruned before step 4 as with one step per call
-  # (calls begin at 0, 2, 4, 6), so the same masks and losses.
+@pytest.mark.parametrize("at_step,as_one,samples,epochs", [
+    (4, 4, 32, 1),  # calls begin at steps 0, 2, 4, 6
+    (3, 4, 32, 1),  # the first call beginning at or after step 3: step 4
+    # 7 steps an epoch (calls of 2, 2, 2, 1): the second epoch's calls
+    # begin at steps 7, 9, 11, 13.
+    (8, 9, 28, 2),
+])
+def test_at_step_counts_steps_with_steps_per_execution(at_step, as_one,
+                                                       samples, epochs):
+  # Two steps per call prune where one step per call prunes at `as_one`:
+  # the same masks and losses.
   runs = []
-  for per_call in (1, 2):
+  for per_call, step in ((1, as_one), (2, at_step)):
     model, x, y = _model()
     model.compile(optimizer=keras.optimizers.Adam(1e-2), loss=model.loss,
                   steps_per_execution=per_call)
-    pruner = MoEPruner(x[:16], sparsity=0.5, at_step=4, **FEW)
-    history = model.fit(x, y, batch_size=4, epochs=1, shuffle=False,
-                        verbose=0, callbacks=[pruner])
+    pruner = MoEPruner(x[:16], sparsity=0.5, at_step=step, **FEW)
+    history = model.fit(x[:samples], y[:samples], batch_size=4,
+                        epochs=epochs, shuffle=False, verbose=0,
+                        callbacks=[pruner])
     assert len(pruner.reports) == 1
     runs.append((history.history["loss"], installed_masks(model)))
   (loss_one, masks_one), (loss_two, masks_two) = runs
   np.testing.assert_allclose(loss_two, loss_one, rtol=1e-5)
-  # The same weights pruned: calibrated on the weights after 4 steps.
+  # The same weights pruned: calibrated after the same steps.
   assert masks_one and set(masks_two) == set(masks_one)
   for path, keep in masks_one.items():
     np.testing.assert_array_equal(masks_two[path], keep, err_msg=path)

@@ -201,5 +201,34 @@ def test_steps_per_execution_samples_cover_every_step(monkeypatch):
   # Clean calls 4 s of the 7 from train begin to train end.
   assert s["goodput"] == pytest.approx(4 / 7)
   assert [e["step_s"] for e in monitor.epochs] == [0.25, 0.25]
-  # log_every=4 steps: at every clean call that completes 4 more steps.
-  assert [b for b, m in seen if m is not None] == [7, 7]
+  # log_every=4 steps: at the calls where the clean steps (4, 6; 10, 12)
+  # pass a multiple of 4 (the end indices Keras passes: 7; 7, 11).
+  assert [b for b, m in seen if m is not None] == [7, 7, 11]
+
+
+def test_steps_per_execution_over_data_of_unknown_length(monkeypatch):
+  """A filtered dataset has no known length: Keras passes the short last
+  call (2 of 4 steps) as 4; the optimizer's count corrects it at the
+  epoch's end. The same ticking clock as above."""
+  import tensorflow as tf  # pylint: disable=import-outside-toplevel
+  from tfopt.scale import mfu as mfu_module  # pylint: disable=import-outside-toplevel
+  ticks = iter(range(1000))
+
+  class Clock:
+    perf_counter = staticmethod(lambda: float(next(ticks)))
+
+  monkeypatch.setattr(mfu_module, "time", Clock)
+  model = _model()
+  model.compile(keras.optimizers.SGD(0.01), "mse", steps_per_execution=4)
+  x = np.zeros((40, 32), "float32")
+  y = np.zeros((40, 8), "float32")
+  data = tf.data.Dataset.from_tensor_slices((x, y)).filter(
+      lambda a, b: True).batch(4)
+  assert int(data.cardinality()) == tf.data.UNKNOWN_CARDINALITY
+  monitor = MFUMonitor((x[:4], y[:4]), peak_flops=1e9, flops_per_step=1e6)
+  model.fit(data, epochs=2, verbose=0, callbacks=[monitor])
+  assert int(model.optimizer.iterations) == 20
+  assert monitor.step_counts == [4, 2, 4, 2]
+  assert monitor.step_times == [0.25, 0.5, 0.25, 0.5]
+  assert monitor.summary()["step_s"] == 0.25
+

@@ -168,10 +168,13 @@ def test_compute_timing_inside_the_step(caplog):
       assert 0 < c and 0 <= s and c + s <= t
 
 
-def test_compute_timing_per_call_with_steps_per_execution():
+@pytest.mark.parametrize("unknown_length", [False, True])
+def test_compute_timing_per_call_with_steps_per_execution(unknown_length):
   # 4 steps per call, each holding its forward pass >= 5 ms (a host sleep
-  # whose output the loss needs): a call's compute is its 4 steps' sum,
-  # so >= 20 ms, and within the call's host-clock time.
+  # whose output the loss needs): a call's compute is its steps' sum, so
+  # >= 20 ms (10 ms for the epoch's short last call, also where Keras
+  # cannot know it is short: a filtered dataset), and within the call's
+  # host-clock time.
   import tensorflow as tf  # pylint: disable=import-outside-toplevel
 
   def sleep_5ms():
@@ -191,12 +194,35 @@ def test_compute_timing_per_call_with_steps_per_execution():
   model = keras.Sequential([keras.Input((8,)), Slow(), keras.layers.Dense(1)])
   model.compile("adam", "mse", steps_per_execution=4)
   x = np.random.default_rng(0).normal(size=(40, 8)).astype("float32")
+  data = tf.data.Dataset.from_tensor_slices((x, x[:, :1]))
+  if unknown_length:
+    data = data.filter(lambda a, b: True)
   recorder = StepPhaseRecorder(time_compute=True)
-  model.fit(x, x[:, :1], batch_size=4, epochs=1, verbose=0,
-            callbacks=[recorder])
-  # 10 steps: calls of 4, 4 and 2.
-  assert len(recorder.in_step) == len(recorder.compute) == 3
+  model.fit(data.batch(4), epochs=2, verbose=0, callbacks=[recorder])
+  # 10 steps an epoch: calls of 4, 4 and 2.
+  assert len(recorder.in_step) == len(recorder.compute) == 6
   for c, s, t, steps in zip(recorder.compute, recorder.sync,
-                            recorder.in_step, (4, 4, 2)):
-    assert steps * 0.005 <= c and 0 <= s and c + s <= t
+                            recorder.in_step, (4, 4, 2) * 2):
+    assert steps * 0.005 <= c < (steps + 1) * 0.005 + 0.05
+    assert 0 <= s and c + s <= t
 
+
+def test_compute_timing_read_while_training_with_many_steps_per_call():
+  # 40 steps per call (more than the default ring of 64 holds twice):
+  # the ring is made 80 long and read every second call, while training;
+  # every call's compute within its host time.
+  keras.utils.set_random_seed(0)
+  model = keras.Sequential([keras.Input((8,)), keras.layers.Dense(1)])
+  model.compile("adam", "mse", steps_per_execution=40)
+  x = np.random.default_rng(0).normal(size=(400, 8)).astype("float32")
+  recorder = StepPhaseRecorder(time_compute=True)
+  reads = []
+  collect = recorder.collect
+  recorder.collect = lambda: reads.append(len(recorder.in_step)) or collect()
+  model.fit(x, x[:, :1], batch_size=1, epochs=1, verbose=0,
+            callbacks=[recorder])
+  assert recorder._timer.window == 80  # pylint: disable=protected-access
+  assert reads[:4] == [2, 4, 6, 8]  # and at the epoch's and train's end
+  assert len(recorder.compute) == 10
+  for c, s, t in zip(recorder.compute, recorder.sync, recorder.in_step):
+    assert 0 < c and 0 <= s and c + s <= t

@@ -56,7 +56,10 @@ class PathSampler(keras.callbacks.Callback):
   from the constraints (at train begin and every epoch) and neither draws,
   counts nor restores (`freeze_untaken=True` is refused).
 
-  `counts` counts the sampled architectures.
+  `counts` counts the sampled architectures. The draws happen between
+  calls of the train function: with `steps_per_execution=N` one drawn
+  path trains N steps ("step" above means call), and `counts` counts
+  calls; in-graph sampling draws per step.
   """
 
   def __init__(self, allowed=None, seed: int = 0,

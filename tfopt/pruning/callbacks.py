@@ -29,10 +29,12 @@ class MoEPruner(keras.callbacks.Callback):
   Args:
     data: calibration inputs (see `prune_moe`).
     method, sparsity, pattern: as in `prune_moe`.
-    at_step: the global training step before which pruning happens (0: at
+    at_step: the training step of this `fit` (the steps its optimizer
+      applied since train begin) before which pruning happens (0: at
       train begin). With `steps_per_execution=N` Keras runs N steps per
       call and the callback acts between calls: before the first call
-      that begins at or after the step.
+      that begins at or after the step. Stages of `gradual` that fall
+      due within one call are pruned one after the other before it.
     gradual: None, or (begin_step, end_step, stages): unstructured sparsity
       rises along Zhu & Gupta's cubic schedule s_t = s (1 - (1 - t)^3) over
       `stages` prunings between the two steps, each re-calibrated on the
@@ -111,14 +113,16 @@ class MoEPruner(keras.callbacks.Callback):
 
   def on_train_begin(self, logs=None):
     self._step = 0
+    self._first = summaries.training_step(self.model)
     self._summaries = summaries.for_fit(self.model, self)
     self._maybe_prune()
 
   def on_train_batch_begin(self, batch, logs=None):
-    self._maybe_prune()
-
-  def on_train_batch_end(self, batch, logs=None):
-    self._step += fit_steps.count(self, batch)
+    if self.schedule:  # one device read per call while a pruning waits
+      # The optimizer's count, not the batch hooks': with
+      # steps_per_execution=N a call runs N steps (fewer at an epoch's end).
+      self._step = summaries.training_step(self.model) - self._first
+      self._maybe_prune()
 
   def _maybe_prune(self) -> None:
     while self.schedule and self.schedule[0][0] <= self._step:

@@ -250,6 +250,8 @@ class MFUMonitor(keras.callbacks.Callback):
     self.epochs: list = []
     self._last = None
     self._unlogged = 0  # steps since `mfu` last went into the batch logs
+    self._epoch_counted = 0
+    self._epoch_iterations = None
     self._train_start = None
     self._wall = None
     self._summaries = None  # the fit's TensorBoard, if it has one
@@ -279,10 +281,20 @@ class MFUMonitor(keras.callbacks.Callback):
     self._last = None  # the first step of an epoch is not a clean sample
     self._epoch_first = len(self.step_times)
     self.epoch_starts.append(self._epoch_first)
+    self._epoch_counted = 0  # steps of the epoch's calls, as the hooks say
+    # With several steps per call the epoch's last call may have run other
+    # than the hooks say (tfopt._fit_steps): the optimizer's count corrects
+    # it at the epoch's end (one device read per epoch).
+    self._epoch_iterations = (
+        summaries.training_step(self.model)
+        if fit_steps.steps_per_execution(self.model) > 1 and
+        not isinstance(getattr(self.model, "optimizer", None),
+                       keras.optimizers.LossScaleOptimizer) else None)
 
   def on_train_batch_end(self, batch, logs=None):
     now = time.perf_counter()
     steps = fit_steps.count(self, batch)
+    self._epoch_counted += steps
     if self._last is not None:
       self.step_times.append((now - self._last) / steps)
       self.step_counts.append(steps)
@@ -291,7 +303,7 @@ class MFUMonitor(keras.callbacks.Callback):
           self._unlogged >= self.log_every:
         logs["mfu"] = self._mfu(self._median_step(self._since(
             self.log_every)))
-        self._unlogged = 0
+        self._unlogged %= self.log_every
         if self._summaries is not None:
           self._summaries.write_scalar("mfu/step", logs["mfu"],
                                        self._step + steps)
@@ -306,7 +318,22 @@ class MFUMonitor(keras.callbacks.Callback):
       covered += self.step_counts[first]
     return first
 
+  def _correct_last_call(self) -> None:
+    """Gives the epoch's last call the steps the optimizer counted beyond
+    the hooks' count (see on_epoch_begin)."""
+    if self._epoch_iterations is None:
+      return
+    missing = (summaries.training_step(self.model) - self._epoch_iterations
+               - self._epoch_counted)
+    self._step += missing
+    if missing and self._last is not None and \
+        len(self.step_times) > self._epoch_first:
+      steps = max(1, self.step_counts[-1] + missing)
+      self.step_times[-1] *= self.step_counts[-1] / steps
+      self.step_counts[-1] = steps
+
   def on_epoch_end(self, epoch, logs=None):
+    self._correct_last_call()
     if len(self.step_times) > self._epoch_first:
       step_s = self._median_step(self._epoch_first)
       mfu = self._mfu(step_s)
@@ -350,11 +377,13 @@ class MFUMonitor(keras.callbacks.Callback):
 
   def timeline_png(self, path: str, *, window: int = 10,
                    overwrite: bool = False) -> None:
-    """Step time and MFU per step (rolling median of `window` steps), epoch
-    starts marked, as a PNG written atomically."""
+    """Step time and MFU per sample (one per call of the train function;
+    rolling median of `window` samples), epoch starts marked, as a PNG
+    written atomically."""
     if not self.step_times:
       raise RuntimeError("MFUMonitor.timeline_png() needs a fit with at least "
-                         "two batches in an epoch.")
+                         "two batches (calls, with steps_per_execution > 1) "
+                         "in an epoch.")
     if isinstance(window, bool) or not isinstance(window, int) or window < 1:
       raise invalid_argument("window", "a positive integer", window)
     from tfopt._plot import pyplot, save_png  # pylint: disable=import-outside-toplevel
@@ -374,7 +403,7 @@ class MFUMonitor(keras.callbacks.Callback):
     bottom.plot(steps, 100 * self.flops_per_step / rolling / self.peak,
                 lw=1.4, color="#d62728")
     bottom.set_ylabel("MFU (%)")
-    bottom.set_xlabel("step (first step of each epoch excluded)")
+    bottom.set_xlabel("step (each epoch's first call excluded)")
     for start in self.epoch_starts[1:]:
       if start >= len(steps):
         continue  # an epoch with no clean sample
@@ -392,7 +421,8 @@ class MFUMonitor(keras.callbacks.Callback):
     """FLOPs per step, peak, median step time, MFU, samples/s, goodput."""
     if not self.step_times:
       raise RuntimeError("MFUMonitor.summary() needs a fit with at least two "
-                         "batches in an epoch.")
+                         "batches (calls, with steps_per_execution > 1) in "
+                         "an epoch.")
     step = self._median_step()
     achieved = self.flops_per_step / step
     return {"flops_per_step": self.flops_per_step, "peak_flops": self.peak,

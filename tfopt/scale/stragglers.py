@@ -110,9 +110,15 @@ class StepTimer:
 
   def read(self, last: int) -> list[tuple[float, float, float]]:
     """The `last` (<= window) timed steps' rows, oldest first."""
+    return self.read_since(int(self.count.numpy()) - last)[0]
+
+  def read_since(self, before: int) -> tuple[list, int]:
+    """(the rows of the steps timed since `count` was `before`, oldest
+    first, None for those the ring no longer holds; `count` now)."""
     rows, count = self.rows.numpy(), int(self.count.numpy())
     return [tuple(float(t) for t in rows[k % self.window])
-            for k in range(count - last, count)]
+            if count - k <= self.window and k >= 0 else None
+            for k in range(before, count)], count
 
 
 def time_step_phases(model, window: int = 64):
@@ -236,6 +242,7 @@ class StepPhaseRecorder(keras.callbacks.Callback):
     self._last_end = None
     self._timer = None
     self._unread: list = []  # per call not read back yet, its steps
+    self._timed = 0  # the ring's count at the last read
 
   @property
   def _unread_steps(self) -> int:
@@ -251,21 +258,31 @@ class StepPhaseRecorder(keras.callbacks.Callback):
             "%s: no compute timing inside an XLA-compiled step (XLA has no "
             "Timestamp kernel); host-side phases only", type(self).__name__)
         self.time_compute = False
-      elif self._timer.window < per_call:  # made before, for fewer steps
-        logging.getLogger("tfopt").warning(
-            "%s: the step's timestamp ring (%d steps) is smaller than "
-            "steps_per_execution=%d; host-side phases only",
-            type(self).__name__, self._timer.window, per_call)
-        self._timer, self.time_compute = None, False
       # A train function traced before the timestamps existed has none.
       elif getattr(model, "train_function", None) is not None:
         model.make_train_function(force=True)
 
   def on_train_begin(self, logs=None):
+    per_call = fit_steps.steps_per_execution(self.model)
+    if self._timer is not None and self._timer.window < per_call:
+      # A ring made before, for fewer steps per call (or a recompile).
+      logging.getLogger("tfopt").warning(
+          "%s: the step's timestamp ring (%d steps) is smaller than "
+          "steps_per_execution=%d; host-side phases only",
+          type(self).__name__, self._timer.window, per_call)
+      self._timer, self.time_compute = None, False
+    if self._timer is not None:
+      self._timed = int(self._timer.count.numpy())
     self._last_end = time.perf_counter()
 
   def on_epoch_begin(self, epoch, logs=None):
     self._last_end = time.perf_counter()
+
+  def on_epoch_end(self, epoch, logs=None):
+    # The epoch's last call can have run other than the hooks say
+    # (tfopt._fit_steps): read before the next epoch's calls come, so
+    # that the ring's count settles it.
+    self.collect()
 
   def on_train_batch_begin(self, batch, logs=None):
     self._begin = time.perf_counter()
@@ -287,12 +304,21 @@ class StepPhaseRecorder(keras.callbacks.Callback):
 
   def collect(self) -> None:
     """Reads the steps timed since the last read into `compute` / `sync`
-    (one device read; done before the ring fills and at train end)."""
+    (one device read; done before the ring fills, at each epoch end and
+    at train end)."""
     if self._timer is None or not self._unread:
       return
-    rows = self._timer.read(self._unread_steps)
-    for steps in self._unread:  # a call's steps: their sums
+    rows, self._timed = self._timer.read_since(self._timed)
+    calls = list(self._unread)
+    # The ring counted every step: what the hooks' count missed (or
+    # counted more) is the last call's, the only one that can be short.
+    calls[-1] = max(1, calls[-1] + len(rows) - sum(calls))
+    for steps in calls:  # a call's steps: their sums
       own, rows = rows[:steps], rows[steps:]
+      if any(row is None for row in own) or len(own) < steps:
+        self.compute.append(float("nan"))  # overwritten before this read
+        self.sync.append(float("nan"))
+        continue
       self.compute.append(sum(ready - start for start, ready, _ in own))
       self.sync.append(sum(end - ready for _, ready, end in own))
     self._unread = []
@@ -317,6 +343,9 @@ class StragglerMonitor(StepPhaseRecorder):
   merged Chrome trace) into `directory`.
 
   `async_safe = False` (inherited): the clock is read at batch begin/end.
+  With `steps_per_execution=N` it works in calls of the train function,
+  as the recorder does: `exchange_every` counts calls and a record's
+  `step` is the call's index (all workers run the same calls).
   """
 
   def __init__(self, directory: str, worker: int, workers: int,
