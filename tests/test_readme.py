@@ -130,8 +130,15 @@ def _check_output(command: str, out: str, seen: dict) -> None:
       assert "devices used: ['/device:CPU:0', '/device:CPU:1']" in out
   elif command.startswith("tfopt-fit-across"):
     assert out.count("equal (rtol 1e-5)") == 2, out[-3000:]
-    assert "the fewest devices of this cap on which a plan was found: 4" \
-        in out and "variables unchanged: True" in out, out[-3000:]
+    # No fewer devices than the live bytes over the cap, no more than the
+    # 4 it trained on (m-pack may pack it onto 3; CI saw both), as
+    # tests/test_compile_placement.py checks.
+    fewest = re.search(r"of ([\d.]+) MB each \(memory_per_device\): it "
+                       r"needs (\d+) MB live at once.*?on which a plan was "
+                       r"found: (\d+)", out)
+    assert fewest and "variables unchanged: True" in out, out[-3000:]
+    cap, needed, found = fewest.groups()
+    assert -(-int(needed) // float(cap)) <= int(found) <= 4, out[-3000:]
   elif command.startswith("tfopt-prune-moe"):
     ratio = dict(re.findall(r"^(\w+)\s+50%\s+[\d.]+\s+([\d.]+)", out, re.M))
     assert float(ratio["moe_pruner"]) < float(ratio["magnitude"]), out

@@ -12,7 +12,7 @@ Keras' to rtol 1e-5, the logical devices measure 15-20 % below the
 predicted 89 MB per device, the server processes 120-200 MB each (their
 runtime's own memory beside the tensors); on one capped device the step
 is refused before training: it needs 210 MB live at once, the fewest
-devices of this cap holding it: 4.
+devices of this cap holding it: 3 or 4 (m-pack may pack it onto 3).
 """
 
 CONFIG = {

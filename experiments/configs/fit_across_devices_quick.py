@@ -10,7 +10,8 @@ cap; on 4 logical CPUs and on 4 server processes under a 160 MiB OS cap
 each, m-stage puts 2 layers per device, the loss trajectory equals plain
 Keras' to rtol 1e-5; the logical devices measure about 40 MB each (predicted
 47), the servers 90-130 MB; on one capped device the step is refused: it
-needs 109 MB live at once, the fewest devices of this cap holding it: 4.
+needs 109 MB live at once, the fewest devices of this cap holding it: 3
+or 4 (m-pack may pack it onto 3).
 """
 
 CONFIG = {
