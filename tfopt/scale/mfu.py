@@ -25,13 +25,14 @@ Per batch the callback only reads the clock. It declares `async_safe =
 False`, truthfully: Keras' asynchronous dispatch would run it on a worker
 thread whenever that thread gets to it, and the clock must be read when the
 step ends. Step time = time between consecutive batch ends over the steps
-that call ran (with `steps_per_execution=N` Keras calls the batch hooks once
-per N steps: one sample of N steps, the last of an epoch maybe fewer; of
-a dataset of unknown length that short call counts N), the first call of each epoch excluded (it includes tracing and input
-start-up). MFU = FLOPs per step / median step time / peak. Goodput = the
-sum of productive step times / the wall time from train begin to train end
-(tracing, compilation, evaluation, checkpoints and callbacks are the
-badput).
+that call ran (with `steps_per_execution=N` Keras calls the batch hooks
+once per N steps: one sample of N steps, an epoch's last maybe fewer, its
+count settled by the optimizer's at the epoch's end), the first call of
+each epoch excluded (it includes tracing and input start-up). MFU = FLOPs
+per step / median step time (each sample weighted by its steps) / peak.
+Goodput = the sum of productive step times / the wall time from train
+begin to train end (tracing, compilation, evaluation, checkpoints and
+callbacks are the badput).
 
 With a `keras.callbacks.TensorBoard` in the same fit (`tfopt.summaries`),
 the values it logs go to TensorBoard too: `tfopt/mfu/step` (with

@@ -223,9 +223,9 @@ class StepPhaseRecorder(keras.callbacks.Callback):
   `compute[i]` / `sync[i]` from the step's own timestamps
   (`time_step_phases`). With `steps_per_execution=N` Keras calls the
   batch hooks once per N steps: entry i is then a call, its compute and
-  sync the sums over the call's steps. `async_safe = False` because the clock must be
-  read when the batch begins and ends, not when a thread pool gets to the
-  callback.
+  sync the sums over the call's steps. `async_safe = False` because the
+  clock must be read when the batch begins and ends, not when a thread
+  pool gets to the callback.
   """
 
   async_safe = False
