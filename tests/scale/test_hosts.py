@@ -243,6 +243,9 @@ def test_without_namespaces_the_error_says_what_is_missing(monkeypatch):
 
 @needs_hosts
 @pytest.mark.slow
+# Timed transfers: the calibration's link fit asserted below measured a
+# 1 gbit link at 0.58 GB/s once in CI's parallel pass (another test beside it).
+@pytest.mark.serial
 def test_a_model_placed_across_two_hosts_trains_as_keras(tmp_path):
   """tfopt-calibrate measures both levels of the hosts' links; a model
   whose state does not fit one host's tasks trains across both hosts with
