@@ -10,6 +10,8 @@ from tfopt import Cluster, OpCost
 from tfopt.graph import Edge, Op, OpGraph, load_workload
 from tfopt.graph.analysis import live_memory_bound
 from tfopt.placement import InfeasiblePlacement, make_problem, place
+from tfopt.placement import m_pack as m_pack_module
+from tfopt.placement import m_stage as m_stage_module
 from tfopt.placement.m_pack import m_pack
 from tfopt.placement.m_stage import m_stage
 from tfopt.placement.placement import Placement
@@ -94,6 +96,29 @@ def test_packs_layers_where_contiguous_stages_do_not_fit():
   for i in range(len(SIZES)):
     assert len({plan[f"{k}{i}"] for k in "WRAGU"}) == 1
   assert plan["W0"] != plan["W1"]
+
+
+def test_the_start_recuts_by_the_measured_peaks():
+  # The heavy first layer's update holds its gradient and new value (2 x
+  # 5000 bytes) at its device's peak: no cut of equal weights, statics or
+  # compute fits the cap of the best contiguous cut, the re-cut by the
+  # peaks each cut measured does. The oracle: every contiguous cut.
+  sizes = (5000, 1000, 1000, 2000, 2000, 1000)
+  graph, costs = _training_graph(sizes)
+  cap = min(max(simulate(graph, _layer_plan(graph, [0] * k + [1] * (
+      len(sizes) - k)), costs, Cluster.uniform(2)).peak_bytes)
+            for k in range(1, len(sizes)))
+  problem = make_problem(graph, Cluster.uniform(2, cap), costs)
+  blocks = m_stage_module.layer_blocks(problem)
+  packing = m_pack_module._Packing(problem, blocks, budget=1000)
+  for weights in m_stage_module.block_weights(problem, blocks).values():
+    even = m_pack_module._stages(problem, blocks, weights)
+    assert packing.score(even)[0][0] > 0, weights
+  starts = m_pack_module._starts(packing, blocks)
+  assert len(starts) == 2  # the even cut least over, then the re-cut
+  start = starts[1]
+  assert start == sorted(start)  # contiguous stages
+  assert packing.score(start)[0][0] == 0
 
 
 def test_below_every_packing_it_refuses_naming_the_excess():
