@@ -14,7 +14,9 @@ counts N) and `steps_per_epoch=S` with S not a multiple of N over data
 that goes on (Keras then runs N steps in the last call; counted S mod N).
 Callbacks that need the exact count correct it from a counter the step
 advances (`StepPhaseRecorder`: its timestamp ring's count; `MoEPruner`,
-`MFUMonitor`: the optimizer's iterations, `tfopt.summaries.training_step`).
+`MFUMonitor`: the optimizer's iterations, `tfopt.summaries.training_step`,
+read at an epoch's end or begin: within an epoch every call but the last
+runs N steps, so a call's begin index is exact).
 """
 
 from __future__ import annotations

@@ -79,9 +79,16 @@ def test_masks_exact_after_fine_tuning(at_step):
     (8, 9, 28, 2),
 ])
 def test_at_step_counts_steps_with_steps_per_execution(at_step, as_one,
-                                                       samples, epochs):
+                                                       samples, epochs,
+                                                       monkeypatch):
   # Two steps per call prune where one step per call prunes at `as_one`:
-  # the same masks and losses.
+  # the same masks and losses. The optimizer's count is read at train
+  # begin and at each epoch's begin while the pruning waits, not per call.
+  from tfopt import summaries  # pylint: disable=import-outside-toplevel
+  reads = []
+  real = summaries.training_step
+  monkeypatch.setattr(summaries, "training_step",
+                      lambda model: reads.append(1) or real(model))
   runs = []
   for per_call, step in ((1, as_one), (2, at_step)):
     model, x, y = _model()
@@ -92,6 +99,9 @@ def test_at_step_counts_steps_with_steps_per_execution(at_step, as_one,
                         epochs=epochs, shuffle=False, verbose=0,
                         callbacks=[pruner])
     assert len(pruner.reports) == 1
+    # Train begin, each epoch begun before the pruning, the report's step.
+    assert len(reads) <= 1 + epochs + 1, len(reads)
+    reads.clear()
     runs.append((history.history["loss"], installed_masks(model)))
   (loss_one, masks_one), (loss_two, masks_two) = runs
   np.testing.assert_allclose(loss_two, loss_one, rtol=1e-5)

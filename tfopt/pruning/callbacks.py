@@ -112,16 +112,23 @@ class MoEPruner(keras.callbacks.Callback):
     self._summaries.flush()
 
   def on_train_begin(self, logs=None):
-    self._step = 0
+    self._step = self._epoch_first = 0
     self._first = summaries.training_step(self.model)
     self._summaries = summaries.for_fit(self.model, self)
     self._maybe_prune()
 
+  def on_epoch_begin(self, epoch, logs=None):
+    if self.schedule:  # one device read per epoch while a pruning waits
+      # The optimizer's count at the epoch's start: exact also where the
+      # previous epoch's last call ran fewer or more steps than the batch
+      # hooks' indices say (tfopt._fit_steps).
+      self._epoch_first = summaries.training_step(self.model) - self._first
+
   def on_train_batch_begin(self, batch, logs=None):
-    if self.schedule:  # one device read per call while a pruning waits
-      # The optimizer's count, not the batch hooks': with
-      # steps_per_execution=N a call runs N steps (fewer at an epoch's end).
-      self._step = summaries.training_step(self.model) - self._first
+    if self.schedule:
+      # Within an epoch a call begins at step `batch`: every earlier call
+      # of the epoch ran its full steps_per_execution.
+      self._step = self._epoch_first + batch
       self._maybe_prune()
 
   def _maybe_prune(self) -> None:
