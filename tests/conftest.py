@@ -51,3 +51,16 @@ def two_pinned_cores():
     return pinned_cpus(2)
   except ValueError as err:
     pytest.skip(f"needs two cores to pin two tasks: {err}")
+
+
+@pytest.fixture
+def mfu_ticking_clock(monkeypatch):
+  """MFUMonitor's clock ticks one second per read: a call of the batch
+  hooks (one read) lasts exactly 1 s, so per-step times are known exactly."""
+  from tfopt.scale import mfu as mfu_module  # pylint: disable=g-import-not-at-top
+  ticks = iter(range(100_000))
+
+  class Clock:
+    perf_counter = staticmethod(lambda: float(next(ticks)))
+
+  monkeypatch.setattr(mfu_module, "time", Clock)

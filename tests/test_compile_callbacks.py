@@ -92,17 +92,11 @@ def test_mfu_monitor_with_the_hook():
   assert all(0 < e["mfu"] < 1 for e in monitor.epochs)
 
 
-def test_mfu_monitor_with_the_hook_and_steps_per_execution(monkeypatch):
+@pytest.mark.usefixtures("mfu_ticking_clock")
+def test_mfu_monitor_with_the_hook_and_steps_per_execution():
   # 4 batches an epoch, 2 per call: one clean call of 2 steps per epoch,
   # its time counted as 2 steps, as on plain Keras. The monitor's clock
   # ticks a second per read: a call (one read) is 1 s, a step 1/2 s.
-  from tfopt.scale import mfu as mfu_module
-  ticks = iter(range(10_000))
-
-  class Clock:
-    perf_counter = staticmethod(lambda: float(next(ticks)))
-
-  monkeypatch.setattr(mfu_module, "time", Clock)
   runs = []
   for hooked in (False, True):
     model, x, y = _moe()

@@ -166,28 +166,22 @@ def test_given_flops_are_not_counted_and_fits_pool(monkeypatch):
     MFUMonitor((x, y), flops_per_step=0)
 
 
-def _four_steps_per_call(monkeypatch):
-  """The model compiled with steps_per_execution=4, 40 zero examples, and
-  the monitor's clock ticking a second per read."""
-  from tfopt.scale import mfu as mfu_module  # pylint: disable=import-outside-toplevel
-  ticks = iter(range(1000))
-
-  class Clock:
-    perf_counter = staticmethod(lambda: float(next(ticks)))
-
-  monkeypatch.setattr(mfu_module, "time", Clock)
+def _four_steps_per_call():
+  """The model compiled with steps_per_execution=4 and 40 zero examples
+  (the tests take the `mfu_ticking_clock` fixture)."""
   model = _model()
   model.compile(keras.optimizers.SGD(0.01), "mse", steps_per_execution=4)
   return model, np.zeros((40, 32), "float32"), np.zeros((40, 8), "float32")
 
 
-def test_steps_per_execution_samples_cover_every_step(monkeypatch):
+@pytest.mark.usefixtures("mfu_ticking_clock")
+def test_steps_per_execution_samples_cover_every_step():
   """With steps_per_execution=4 Keras calls the batch hooks once per 4
   steps (the epoch's last call 2): a clock ticking once per read gives 1 s
   per call, so 1/4 s per step of a full call and 1/2 s of the short one;
   the steps covered add up to the optimizer's iterations less the first
   call of each epoch."""
-  model, x, y = _four_steps_per_call(monkeypatch)
+  model, x, y = _four_steps_per_call()
   monitor = MFUMonitor((x[:4], y[:4]), peak_flops=1e9, flops_per_step=1e6,
                        log_every=4)
   seen = []
@@ -211,12 +205,13 @@ def test_steps_per_execution_samples_cover_every_step(monkeypatch):
   assert [b for b, m in seen if m is not None] == [7, 7, 11]
 
 
-def test_steps_per_execution_over_data_of_unknown_length(monkeypatch):
+@pytest.mark.usefixtures("mfu_ticking_clock")
+def test_steps_per_execution_over_data_of_unknown_length():
   """A filtered dataset has no known length: Keras passes the short last
   call (2 of 4 steps) as 4; the optimizer's count corrects it at the
   epoch's end. The same ticking clock as above."""
   import tensorflow as tf  # pylint: disable=import-outside-toplevel
-  model, x, y = _four_steps_per_call(monkeypatch)
+  model, x, y = _four_steps_per_call()
   data = tf.data.Dataset.from_tensor_slices((x, y)).filter(
       lambda a, b: True).batch(4)
   assert int(data.cardinality()) == tf.data.UNKNOWN_CARDINALITY

@@ -108,10 +108,6 @@ class StepTimer:
   count: object
   window: int
 
-  def read(self, last: int) -> list[tuple[float, float, float]]:
-    """The `last` (<= window) timed steps' rows, oldest first."""
-    return self.read_since(int(self.count.numpy()) - last)[0]
-
   def read_since(self, before: int) -> tuple[list, int]:
     """(the rows of the steps timed since `count` was `before`, oldest
     first, None for those the ring no longer holds; `count` now)."""
