@@ -11,9 +11,16 @@ simulated makespan, `HookReport.predicted_us`) against the step `fit`
 really takes, with Baechi's model of the machine (`calibration=None`:
 its PCIe-like link, devices computing apart; mode "none") and with no
 `calibration` argument (mode "default": `calibration="auto"`, this
-machine's, measured once and cached: `tfopt.calibration_cache`). The measured step is the median over rounds of
-(time of a fit of `long` steps - time of a fit of `short` steps) / (long -
-short): fit's fixed costs (callbacks, the iterator) cancel out. Each model
+machine's, measured once and cached: `tfopt.calibration_cache`). The
+measured step is the median of every step's wall time in the fits of
+`long` steps, from one step's end to the next's (what fit spends between
+two steps included; the first WARMUP steps of each fit left out); beside
+it the median from a step's begin to its end ("in_hooks"), and, as
+"difference", the estimate used
+before: the median over rounds of (time of a fit of `long` steps - time
+of a fit of `short` steps) / (long - short), where fit's fixed costs
+cancel out but every round's noise in two whole fits lands on 12 steps
+(its rounds spread 3-6x within one process on this VM). Each model
 and mode runs in `repeats` fresh processes, the modes alternating; the row
 is the run with the median ratio (the lower one of two), every run's ratio
 beside it: this VM's speed jumps between moments, and a profile taken
@@ -40,6 +47,8 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 from absl import app, flags  # noqa: E402
 
+from benchmarks._timing import step_clock  # noqa: E402
+
 FLAGS = flags.FLAGS
 MODELS = ("branchy_cnn", "mobilenet", "lstm")
 flags.DEFINE_list("models", list(MODELS), "Models to run.")
@@ -54,6 +63,7 @@ flags.DEFINE_string("one", None, "Internal: run one model:mode here and "
                     "print its row as JSON.")
 BATCH = 32
 SHORT, LONG = 4, 16  # steps per timed fit
+WARMUP = 2  # steps of each timed fit not counted in the per-step times
 
 
 def _build(name: str):
@@ -117,22 +127,33 @@ def _row(name: str, mode: str, rounds: int, cache: str) -> dict:
   compile_s = time.perf_counter() - started
   (report,) = model.train_function.reports.values()
 
-  def fit_s(steps):
+  steps = step_clock()
+
+  def fit_s(count):
     t0 = time.perf_counter()
-    model.fit(x[:BATCH * steps], y[:BATCH * steps], batch_size=BATCH,
-              epochs=1, shuffle=False, verbose=0)
+    model.fit(x[:BATCH * count], y[:BATCH * count], batch_size=BATCH,
+              epochs=1, shuffle=False, verbose=0, callbacks=[steps])
     return time.perf_counter() - t0
 
-  per_step = []
+  per_step, each_step, in_hooks = [], [], []
   for _ in range(rounds):
     short, long = fit_s(SHORT), fit_s(LONG)
     per_step.append((long - short) / (LONG - SHORT))
-  measured_us = statistics.median(per_step) * 1e6
+    # The long fit's steps after its first WARMUP (iterator, first call).
+    each_step += steps.times[WARMUP:]
+    in_hooks += steps.hook_times[WARMUP:]
+  measured_us = statistics.median(each_step) * 1e6
+  difference_us = statistics.median(per_step) * 1e6
   return {"model": name, "mode": mode, "placer": report.placer,
           "devices_used": len(report.devices_used),
           "predicted_ms": report.predicted_us / 1e3,
           "measured_ms": measured_us / 1e3,
           "measured_over_predicted": measured_us / report.predicted_us,
+          "step_quartiles_ms": [float(q) * 1e3 for q in statistics.quantiles(
+              each_step, n=4)],
+          "in_hooks_ms": statistics.median(in_hooks) * 1e3,
+          "difference_ms": difference_us / 1e3,
+          "difference_over_predicted": difference_us / report.predicted_us,
           "per_step_ms": [s * 1e3 for s in per_step],
           "first_fit_s": compile_s, "cluster": report.cluster_source}
 
@@ -153,6 +174,7 @@ def _median_run(found: list[dict]) -> dict:
   ordered = sorted(found, key=lambda r: r["measured_over_predicted"])
   row = dict(ordered[(len(ordered) - 1) // 2])
   row["runs"] = [r["measured_over_predicted"] for r in found]
+  row["difference_runs"] = [r["difference_over_predicted"] for r in found]
   return row
 
 
@@ -180,7 +202,7 @@ def main(argv):
   doc = {"benchmark": "auto_calibration", "tensorflow": tf.__version__,
          "cpu_count": os.cpu_count(), "rounds": FLAGS.rounds,
          "repeats": FLAGS.repeats, "batch_size": BATCH,
-         "steps": [SHORT, LONG], "rows": rows}
+         "steps": [SHORT, LONG], "warmup": WARMUP, "rows": rows}
   atomic_write_text(FLAGS.out, json.dumps(doc, indent=1) + "\n",
                     overwrite=True)
   print(f"wrote {FLAGS.out}")

@@ -636,8 +636,10 @@ def auto_calibration_section() -> str:
            _f(r["predicted_ms"]), _f(r["measured_ms"]),
            f"**{r['measured_over_predicted']:.2f}**",
            ", ".join(f"{v:.2f}" for v in r.get("runs", [])),
+           ", ".join(f"{v:.2f}" for v in r.get("difference_runs", [])),
            _f(r["first_fit_s"], 1)] for r in d["rows"]]
   runs = _runs_within_25(d["rows"])
+  differences = _runs_within_25(d["rows"], "difference_runs")
   return "\n\n".join([
       "## Predictions with the default calibration",
       f"`python -m benchmarks.auto_calibration` (TensorFlow "
@@ -645,10 +647,11 @@ def auto_calibration_section() -> str:
       "`benchmarks/results/auto_calibration.json`): models outside the "
       "runtime benchmark, each through `tfopt.compile(placement=\"auto\", "
       "devices=<2 logical CPUs>)` in a fresh process, the hook's predicted "
-      "step against the step `fit` takes (median over "
-      f"{d['rounds']} rounds of the difference between fits of "
-      f"{d['steps'][1]} and {d['steps'][0]} steps, batch "
-      f"{d['batch_size']}; {d.get('repeats', 1)} processes per model and "
+      "step against the step `fit` takes (the median of every step's "
+      "time from the previous step's end to its own, in "
+      f"{d['rounds']} fits of {d['steps'][1]} steps, batch "
+      f"{d['batch_size']}, the first {d['warmup']} of each left out; "
+      f"{d.get('repeats', 1)} processes per model and "
       "mode, the modes alternating, the row the median one), with "
       "Baechi's machine model (`calibration=None`) and with the default "
       "(no `calibration` argument: this machine's calibration, measured "
@@ -657,21 +660,32 @@ def auto_calibration_section() -> str:
       "run, the calibration.",
       _table(["model", "calibration", "plan", "devices used",
               "predicted ms", "measured ms", "meas / pred",
-              "meas / pred of each process", "first fit s"],
-             rows, {3, 4, 5, 6, 8}),
+              "meas / pred of each process",
+              "by fit differences, each process", "first fit s"],
+             rows, {3, 4, 5, 6, 9}),
       "Processes within 25 % of their prediction: "
       + "; ".join(f"{CALIBRATION_MODES[mode]} {k} of {n}"
                   for mode, (k, n) in runs.items())
-      + ". One process's ratio moves with this VM's speed jumps (a profile "
+      + ". By the earlier measure, the median over rounds of (fit of "
+      f"{d['steps'][1]} steps - fit of {d['steps'][0]}) / "
+      f"{d['steps'][1] - d['steps'][0]}: "
+      + "; ".join(f"{CALIBRATION_MODES[mode]} {k} of {n}"
+                  for mode, (k, n) in differences.items())
+      + " (it also charges what fit spends per sample outside the steps, "
+      "e.g. taking in the arrays, and two whole fits' noise lands on "
+      f"{d['steps'][1] - d['steps'][0]} steps). One process's ratio moves "
+      "with this VM's speed jumps (a profile "
       "taken before a jump mispredicts the step after it by the jump), "
       "which is why each row shows every process."])
 
 
-def _runs_within_25(rows: list[dict]) -> dict[str, tuple[int, int]]:
-  """Per calibration mode: (processes within 25 %, processes)."""
+def _runs_within_25(rows: list[dict],
+                    key: str = "runs") -> dict[str, tuple[int, int]]:
+  """Per calibration mode: (processes within 25 %, processes), by each
+  row's per-process ratios under `key`."""
   out = {}
   for r in rows:
-    ratios = r.get("runs") or [r["measured_over_predicted"]]
+    ratios = r.get(key) or [r["measured_over_predicted"]]
     k, n = out.get(r["mode"], (0, 0))
     out[r["mode"]] = (k + sum(abs(v - 1) <= 0.25 for v in ratios),
                       n + len(ratios))
@@ -756,7 +770,9 @@ def hosts_section() -> str:
   placed = [[r["rate"], r["placer"], _f(r["link_between"]["bandwidth_gbps"]
                                          * 1e3, 1),
              _f(r["predicted_ms"], 1), _f(r["measured_ms"], 1),
-             _f(r["measured_over_predicted"]), r["tensors_across_hosts"],
+             _f(r["measured_over_predicted"]),
+             _f(r.get("difference_over_predicted")),
+             r["tensors_across_hosts"],
              _f(r["bytes_across_hosts"] / 1e3, 0),
              f"{r['max_loss_diff']:.1e}"] for r in d.get("placement", [])]
   scaled = [[WORKLOADS.get(r["workload"], r["workload"]), r["hosts"],
@@ -774,12 +790,16 @@ def hosts_section() -> str:
       "between hosts shaped at the rate; `tfopt-calibrate --cluster=SPEC` "
       "measured both levels; a 256-512x4-10 MLP + Adam whose state does not "
       "fit one host's two tasks of 6 MB trained through `tfopt.compile("
-      "placement=\"auto\")` from the client's place. Measured: the minimum "
-      "per-step time over rounds; x: between hosts, in the plan's predicted "
-      "schedule; loss diff: the largest difference from plain Keras' losses.",
+      "placement=\"auto\")` from the client's place. Measured: the median "
+      "of every step's time (from the previous step's end) in fits of 24 "
+      "steps; by fit differences: the measure before, the minimum over "
+      "rounds of (fit of 24 steps - fit of 4) / 20; x: between hosts, in "
+      "the plan's predicted schedule; loss diff: the largest difference "
+      "from plain Keras' losses.",
       _table(["rate", "placer", "MB/s between (fit)", "predicted ms",
-              "measured ms", "measured / predicted", "tensors x", "kB x",
-              "loss diff"], placed, set(range(2, 8))),
+              "measured ms", "measured / predicted",
+              "by fit differences / predicted", "tensors x", "kB x",
+              "loss diff"], placed, set(range(2, 9))),
       "Scaling (simulation): `auto` on the shipped workloads, inside a host "
       "Baechi's PCIe-like link, between hosts 1 Gbit/s + 200 us, each "
       "device capped at a quarter of the graph's memory; its placement "
