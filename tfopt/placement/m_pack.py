@@ -39,16 +39,18 @@ from tfopt.placement.placement import Placement
 from tfopt.placement.problem import InfeasiblePlacement, PlacementProblem
 from tfopt.simulate.simulator import Schedule, simulate
 
-# The budgets, in op simulations (tried plans x ops), as `refine`'s: the
-# descents' together (a few hundred plans on a 650-op graph, 5-15 s on the
-# CI machine), then the group-level finish's.
+# The budgets, in op simulations (tried plans x ops), as `refine`'s: each
+# block-level descent's (a few hundred plans on a 650-op graph, 5-15 s on
+# the CI machine; m-pack runs up to two, and its starts' plans and the
+# group-level descent draw on the same amount once more), then the
+# group-level finish's.
 PACK_OP_SIMULATIONS = 400_000
 FINISH_OP_SIMULATIONS = 200_000
 # Moves and swaps try the largest blocks of the device furthest over only
 # (and swap partners among the largest smaller ones): at group granularity a
 # device holds hundreds, most of them too small to matter.
 MAX_CANDIDATES = 24
-# Re-cuts of each start by the measured peaks (`_start`): on MobileNetV2
+# Re-cuts of each start by the measured peaks (`_starts`): on MobileNetV2
 # the fourth to sixth still lowered the start's excess.
 RECUT_ROUNDS = 6
 
@@ -160,9 +162,9 @@ def _stages(problem: PlacementProblem, blocks, weights) -> list[int]:
 
 
 def _starts(packing: _Packing, blocks) -> list[list[int]]:
-  """The contiguous cut least over its caps among the even cuts, then the
-  one least over among their re-cuts where that is less over (module doc,
-  step 2).
+  """The contiguous cut least over its caps among the even cuts (the
+  fastest of those that fit), then, where it is over, the one least over
+  among their re-cuts if that is less over (module doc, step 2).
 
   Each weighting (persistent, static, compute) is cut evenly, then re-cut
   up to RECUT_ROUNDS times with every block's weight scaled by its
@@ -174,12 +176,16 @@ def _starts(packing: _Packing, blocks) -> list[list[int]]:
   problem = packing.problem
   even: list[tuple] = []
   recut: list[tuple] = []
+  seen: set[tuple[int, ...]] = set()
   for weights in m_stage.block_weights(problem, blocks).values():
     start = _stages(problem, blocks, weights)
     for round_ in range(RECUT_ROUNDS + 1):
+      if tuple(start) in seen:  # judged already: the re-cuts went round
+        break
+      seen.add(tuple(start))
       score, schedule = packing.score(start)
       (recut if round_ else even).append((score, start))
-      if score[0] <= 0 or packing.spent:
+      if score[0] <= 0 or packing.spent:  # it fits: no re-cut needed
         break
       load = [0.0] * problem.num_devices
       for weight, device in zip(weights, start):
@@ -188,11 +194,12 @@ def _starts(packing: _Packing, blocks) -> list[list[int]]:
                for d in range(problem.num_devices)]
       weights = [w * ratio[d] for w, d in zip(weights, start)]
       start = _stages(problem, blocks, weights)
+  # By (excess, makespan): of cuts that fit, the fastest.
   first = min(even, key=lambda e: e[0])
   starts = [first[1]]
-  if recut:
+  if recut and first[0][0] > 0:
     second = min(recut, key=lambda e: e[0])
-    if second[0] < first[0]:
+    if second[0][0] < first[0][0]:
       starts.append(second[1])
   return starts
 
@@ -205,15 +212,16 @@ def m_pack(problem: PlacementProblem, *,
   blocks = m_stage.layer_blocks(problem)
   ops = max(1, len(problem.graph))
   per_descent = max(1, op_simulations // ops)
-  packing = _Packing(problem, blocks, per_descent)
-  # A descent from each start until one fits, each with the budget: a
-  # start's excess does not say how far its descent gets (Inception-V3 at
-  # 1.1x packs from the plain cut, not from a re-cut one less over;
+  # The starts' plans (3 weightings, each cut and re-cut) on a budget of
+  # their own.
+  packing = _Packing(problem, blocks, 3 * (RECUT_ROUNDS + 1))
+  # A descent from each start until one fits, each with the whole budget:
+  # a start's excess does not say how far its descent gets (Inception-V3 at
+  # 1.1x packs from the even cut, not from a re-cut one less over;
   # MobileNetV2 at 1.5x from a re-cut one).
   best = None
-  for n, start in enumerate(_starts(packing, blocks)):
-    if n:
-      packing.budget = packing.simulations + per_descent
+  for start in _starts(packing, blocks):
+    packing.budget = packing.simulations + per_descent
     assign, schedule = packing.descend(start)
     if best is None or _excess(schedule) < _excess(best[1]):
       best = assign, schedule
