@@ -60,7 +60,7 @@ class MoEPruner(keras.callbacks.Callback):
     self.prune_kwargs = dict(prune_kwargs)
     self.prune_kwargs.setdefault("verbose", 0)
     self.reports: list = []
-    self._step = 0
+    self._step, self._first, self._epoch_first = 0, 0, None
     self._summaries = None  # the fit's TensorBoard, if it has one
 
   def _schedule(self, at_step, gradual) -> list[tuple[int, float]]:
@@ -112,7 +112,7 @@ class MoEPruner(keras.callbacks.Callback):
     self._summaries.flush()
 
   def on_train_begin(self, logs=None):
-    self._step = self._epoch_first = 0
+    self._step, self._epoch_first = 0, None
     self._first = summaries.training_step(self.model)
     self._summaries = summaries.for_fit(self.model, self)
     self._maybe_prune()
@@ -125,11 +125,17 @@ class MoEPruner(keras.callbacks.Callback):
       self._epoch_first = summaries.training_step(self.model) - self._first
 
   def on_train_batch_begin(self, batch, logs=None):
-    if self.schedule:
+    if not self.schedule:
+      return
+    if self._epoch_first is None:
+      # Driven without epochs (a CallbackList outside fit): read the count
+      # at every call.
+      self._step = summaries.training_step(self.model) - self._first
+    else:
       # Within an epoch a call begins at step `batch`: every earlier call
       # of the epoch ran its full steps_per_execution.
       self._step = self._epoch_first + batch
-      self._maybe_prune()
+    self._maybe_prune()
 
   def _maybe_prune(self) -> None:
     while self.schedule and self.schedule[0][0] <= self._step:
