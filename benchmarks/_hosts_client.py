@@ -1,10 +1,9 @@
 """The client side of benchmarks/hosts.py's placement rows, run in
 LocalHosts' client place: plain Keras' losses, then the same model through
 `tfopt.compile` across the hosts' tasks; the step measured against the
-prediction: the median of every step's time (previous step's end to its
-own) in the fits of LONG steps, the first WARMUP of each left out; beside
-it, as "difference", the minimum over rounds of (fit of LONG steps - fit
-of SHORT) / (LONG - SHORT), the measure before. Prints one JSON line.
+prediction, timed by `benchmarks._timing` (per step, and by the difference
+of two fits: here its minimum over rounds, the measure before). Prints
+one JSON line.
 
     python -m benchmarks._hosts_client SPEC DEVICES CAP CALIBRATION ROUNDS
 """
@@ -14,12 +13,10 @@ from __future__ import annotations
 import json
 import statistics
 import sys
-import time
 
-from benchmarks._timing import step_clock
+from benchmarks._timing import summary, timed_fits
 
 BATCH, SHORT, LONG = 32, 4, 24
-WARMUP = 2  # steps of each long fit not in the per-step times
 
 
 def _build():
@@ -52,19 +49,8 @@ def main(spec, devices, cap, calibration, rounds):
   out["losses"] = model.fit(x[:128], y[:128], **fit).history["loss"]
   (report,) = model.train_function.reports.values()
 
-  clock = step_clock()
-
-  def fit_s(steps):
-    began = time.perf_counter()
-    model.fit(x[:BATCH * steps], y[:BATCH * steps], batch_size=BATCH,
-              shuffle=False, verbose=0, callbacks=[clock])
-    return time.perf_counter() - began
-
-  per_step, each_step = [], []
-  for _ in range(int(rounds)):
-    short, long = fit_s(SHORT), fit_s(LONG)
-    per_step.append((long - short) / (LONG - SHORT))
-    each_step += clock.times[WARMUP:]
+  timed = summary(timed_fits(model, x, y, batch=BATCH, short=SHORT,
+                             long=LONG, rounds=int(rounds)))
   from tfopt.runtime.remote import task_hosts  # pylint: disable=import-outside-toplevel
   host = task_hosts(json.loads(spec), json.loads(devices))
   schedule = report.plan.schedule
@@ -72,13 +58,10 @@ def main(spec, devices, cap, calibration, rounds):
             if host[t.src_device] != host[t.dst_device]]
   out.update(
       placer=report.placer, devices_used=len(report.devices_used),
-      predicted_ms=report.predicted_us / 1e3,
-      measured_ms=statistics.median(each_step) * 1e3,
-      step_quartiles_ms=[q * 1e3 for q in statistics.quantiles(each_step,
-                                                               n=4)],
-      difference_ms=min(per_step) * 1e3,
-      difference_median_ms=statistics.median(per_step) * 1e3,
-      per_step_ms=[s * 1e3 for s in per_step],
+      predicted_ms=report.predicted_us / 1e3, **timed,
+      steps=[SHORT, LONG],
+      difference_ms=min(timed["per_step_ms"]),
+      difference_median_ms=statistics.median(timed["per_step_ms"]),
       tensors_across_hosts=sum(1 for t in across if t.bytes > 0),
       bytes_across_hosts=sum(t.bytes for t in across),
       control_messages_across_hosts=sum(1 for t in across if t.bytes == 0),

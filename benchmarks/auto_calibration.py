@@ -12,15 +12,15 @@ really takes, with Baechi's model of the machine (`calibration=None`:
 its PCIe-like link, devices computing apart; mode "none") and with no
 `calibration` argument (mode "default": `calibration="auto"`, this
 machine's, measured once and cached: `tfopt.calibration_cache`). The
-measured step is the median of every step's wall time in the fits of
-`long` steps, from one step's end to the next's (what fit spends between
-two steps included; the first WARMUP steps of each fit left out); beside
-it the median from a step's begin to its end ("in_hooks"), and, as
-"difference", the estimate used
-before: the median over rounds of (time of a fit of `long` steps - time
-of a fit of `short` steps) / (long - short), where fit's fixed costs
-cancel out but every round's noise in two whole fits lands on 12 steps
-(its rounds spread 3-6x within one process on this VM). Each model
+measured step: `benchmarks._timing` per step (the median of every step's
+time from the previous step's end, in clocked fits of `long` steps), with
+the median over rounds of its difference of two unclocked fits beside it
+("difference", the measure before: two whole fits' noise lands on
+long - short steps, and it also charges whatever of fit's time outside
+the step intervals grows with the fit's length: `outside_steps_ms` is
+that time per clocked fit; in the results committed before the per-step
+measure, one process's rounds spread up to 5.9x, MobileNet's 15-87 ms).
+Each model
 and mode runs in `repeats` fresh processes, the modes alternating; the row
 is the run with the median ratio (the lower one of two), every run's ratio
 beside it: this VM's speed jumps between moments, and a profile taken
@@ -47,7 +47,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 from absl import app, flags  # noqa: E402
 
-from benchmarks._timing import step_clock  # noqa: E402
+from benchmarks._timing import WARMUP, summary, timed_fits  # noqa: E402
 
 FLAGS = flags.FLAGS
 MODELS = ("branchy_cnn", "mobilenet", "lstm")
@@ -63,7 +63,6 @@ flags.DEFINE_string("one", None, "Internal: run one model:mode here and "
                     "print its row as JSON.")
 BATCH = 32
 SHORT, LONG = 4, 16  # steps per timed fit
-WARMUP = 2  # steps of each timed fit not counted in the per-step times
 
 
 def _build(name: str):
@@ -127,34 +126,17 @@ def _row(name: str, mode: str, rounds: int, cache: str) -> dict:
   compile_s = time.perf_counter() - started
   (report,) = model.train_function.reports.values()
 
-  steps = step_clock()
-
-  def fit_s(count):
-    t0 = time.perf_counter()
-    model.fit(x[:BATCH * count], y[:BATCH * count], batch_size=BATCH,
-              epochs=1, shuffle=False, verbose=0, callbacks=[steps])
-    return time.perf_counter() - t0
-
-  per_step, each_step, in_hooks = [], [], []
-  for _ in range(rounds):
-    short, long = fit_s(SHORT), fit_s(LONG)
-    per_step.append((long - short) / (LONG - SHORT))
-    # The long fit's steps after its first WARMUP (iterator, first call).
-    each_step += steps.times[WARMUP:]
-    in_hooks += steps.hook_times[WARMUP:]
-  measured_us = statistics.median(each_step) * 1e6
-  difference_us = statistics.median(per_step) * 1e6
+  timed = summary(timed_fits(model, x, y, batch=BATCH, short=SHORT,
+                             long=LONG, rounds=rounds))
+  difference_ms = statistics.median(timed["per_step_ms"])
   return {"model": name, "mode": mode, "placer": report.placer,
           "devices_used": len(report.devices_used),
-          "predicted_ms": report.predicted_us / 1e3,
-          "measured_ms": measured_us / 1e3,
-          "measured_over_predicted": measured_us / report.predicted_us,
-          "step_quartiles_ms": [float(q) * 1e3 for q in statistics.quantiles(
-              each_step, n=4)],
-          "in_hooks_ms": statistics.median(in_hooks) * 1e3,
-          "difference_ms": difference_us / 1e3,
-          "difference_over_predicted": difference_us / report.predicted_us,
-          "per_step_ms": [s * 1e3 for s in per_step],
+          "predicted_ms": report.predicted_us / 1e3, **timed,
+          "measured_over_predicted": timed["measured_ms"] * 1e3
+                                     / report.predicted_us,
+          "difference_ms": difference_ms,
+          "difference_over_predicted": difference_ms * 1e3
+                                       / report.predicted_us,
           "first_fit_s": compile_s, "cluster": report.cluster_source}
 
 

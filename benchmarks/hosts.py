@@ -13,10 +13,11 @@ Adam whose state (11 MB, 13 MB live at once) does not fit one host's two
 tasks of 6 MB is trained with plain Keras and through `tfopt.compile(
 placement="auto", devices=<the 4 tasks>, cluster=hosts.spec, calibration=
 <that file>)`: the losses side by side, the step measured (the median of
-every step's time in --rounds fits of 24 steps; beside it the earlier
-measure, the minimum over rounds of the difference between fits of 24 and
-4 steps; benchmarks/_hosts_client.py) against the report's prediction,
-and how many tensors and bytes the plan sends between hosts.
+every step's time in --rounds clocked fits of 24 steps; beside it the
+earlier measure, the minimum over rounds of the difference between
+unclocked fits of 24 and 4 steps; benchmarks/_timing.py) against the
+report's prediction, and how many tensors and bytes the plan sends
+between hosts.
 
 Part "scaling" (simulation): the shipped workloads on 2-16 hosts x 2-8
 devices (inside a host Baechi's PCIe-like link, between hosts 1 Gbit/s

@@ -649,8 +649,9 @@ def auto_calibration_section() -> str:
       "devices=<2 logical CPUs>)` in a fresh process, the hook's predicted "
       "step against the step `fit` takes (the median of every step's "
       "time from the previous step's end to its own, in "
-      f"{d['rounds']} fits of {d['steps'][1]} steps, batch "
-      f"{d['batch_size']}, the first {d['warmup']} of each left out; "
+      f"{d['rounds']} fits of {d['steps'][1]} steps with a step clock, "
+      f"batch {d['batch_size']}, the first {d.get('warmup', 0)} of each "
+      "left out; "
       f"{d.get('repeats', 1)} processes per model and "
       "mode, the modes alternating, the row the median one), with "
       "Baechi's machine model (`calibration=None`) and with the default "
@@ -668,12 +669,13 @@ def auto_calibration_section() -> str:
                   for mode, (k, n) in runs.items())
       + ". By the earlier measure, the median over rounds of (fit of "
       f"{d['steps'][1]} steps - fit of {d['steps'][0]}) / "
-      f"{d['steps'][1] - d['steps'][0]}: "
+      f"{d['steps'][1] - d['steps'][0]}, both fits without callbacks: "
       + "; ".join(f"{CALIBRATION_MODES[mode]} {k} of {n}"
                   for mode, (k, n) in differences.items())
-      + " (it also charges what fit spends per sample outside the steps, "
-      "e.g. taking in the arrays, and two whole fits' noise lands on "
-      f"{d['steps'][1] - d['steps'][0]} steps). One process's ratio moves "
+      + " (two whole fits' noise lands on "
+      f"{d['steps'][1] - d['steps'][0]} steps, and it also charges "
+      "whatever of fit's time outside the steps grows with the fit: "
+      "`outside_steps_ms` in the JSON). One process's ratio moves "
       "with this VM's speed jumps (a profile "
       "taken before a jump mispredicts the step after it by the jump), "
       "which is why each row shows every process."])
@@ -767,6 +769,7 @@ def hosts_section() -> str:
   """Placement across LocalHosts and the placer's cost as hosts grow
   (benchmarks/hosts.py)."""
   d = load("hosts")
+  short, long = (d.get("placement") or [{}])[0].get("steps", [4, 24])
   placed = [[r["rate"], r["placer"], _f(r["link_between"]["bandwidth_gbps"]
                                          * 1e3, 1),
              _f(r["predicted_ms"], 1), _f(r["measured_ms"], 1),
@@ -791,9 +794,10 @@ def hosts_section() -> str:
       "measured both levels; a 256-512x4-10 MLP + Adam whose state does not "
       "fit one host's two tasks of 6 MB trained through `tfopt.compile("
       "placement=\"auto\")` from the client's place. Measured: the median "
-      "of every step's time (from the previous step's end) in fits of 24 "
-      "steps; by fit differences: the measure before, the minimum over "
-      "rounds of (fit of 24 steps - fit of 4) / 20; x: between hosts, in "
+      "of every step's time (from the previous step's end) in clocked fits "
+      f"of {long} steps; by fit differences: the measure before, the "
+      f"minimum over rounds of (fit of {long} steps - fit of {short}) / "
+      f"{long - short}, fits without callbacks; x: between hosts, in "
       "the plan's predicted schedule; loss diff: the largest difference "
       "from plain Keras' losses.",
       _table(["rate", "placer", "MB/s between (fit)", "predicted ms",
