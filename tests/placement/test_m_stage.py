@@ -7,7 +7,8 @@ import pytest
 from tfopt import Cluster, OpCost
 from tfopt.graph import Edge, Op, OpGraph
 from tfopt.placement import InfeasiblePlacement, make_problem, place
-from tfopt.placement.m_stage import m_stage, positions
+from tfopt.placement.m_stage import (even_cuts, m_stage, positions,
+                                     stage_bounds)
 from tfopt.simulate import simulate
 
 W = 1000  # bytes of a weight (and of its gradient and update)
@@ -89,3 +90,15 @@ def test_refuses_when_no_cut_fits():
   graph, costs = _training_graph()
   with pytest.raises(InfeasiblePlacement, match="m-stage found no cut"):
     m_stage(make_problem(graph, Cluster.uniform(3, 1500), costs))
+
+
+def test_even_cuts_and_their_stage_ranges():
+  # prefix sums 1, 2, 5, 6, 7, 10 after blocks 1..6: the half (5) falls
+  # after 3 blocks; the thirds (3.33, 6.67) at the nearest prefix: 2 (1.33
+  # below, 5 is 1.67 above) after 2 blocks, 7 (0.33 above) after 5
+  weights = [1, 1, 3, 1, 1, 3]
+  assert even_cuts(weights, 2) == [3]
+  assert even_cuts(weights, 3) == [2, 5]
+  assert stage_bounds([2, 5], 6) == [(0, 2), (2, 5), (5, 6)]
+  assert stage_bounds([], 4) == [(0, 4)]
+  assert stage_bounds([0, 3], 3) == [(0, 0), (0, 3), (3, 3)]

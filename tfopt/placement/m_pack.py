@@ -155,10 +155,9 @@ class _Packing:
 def _stages(problem: PlacementProblem, blocks, weights) -> list[int]:
   """Each block's stage when the blocks are cut into one contiguous run of
   about equal `weights` per device."""
-  bounds = [0] + m_stage.even_cuts(weights, problem.num_devices) + [
-      len(blocks)]
-  return [s for s in range(len(bounds) - 1)
-          for _ in range(bounds[s + 1] - bounds[s])]
+  cuts = m_stage.even_cuts(weights, problem.num_devices)
+  return [s for s, (begin, end) in enumerate(
+      m_stage.stage_bounds(cuts, len(blocks))) for _ in range(begin, end)]
 
 
 def _starts(packing: _Packing, blocks) -> list[list[int]]:

@@ -199,15 +199,20 @@ def even_cuts(weights: list[float], k: int) -> list[int]:
   return cuts
 
 
+def stage_bounds(cuts, count: int) -> list[tuple[int, int]]:
+  """Each stage's [begin, end) block range for the cut indices `cuts`
+  over `count` blocks (stage s holds blocks begin..end-1)."""
+  bounds = [0] + list(cuts) + [count]
+  return list(zip(bounds[:-1], bounds[1:]))
+
+
 def _plan(problem: PlacementProblem, blocks, cuts, devices) -> Placement:
   """The placement of stage s on devices[s]; a unit that may not go to
   its stage's device (pins, device types) goes to the first device it
   may use (the simulator then judges the plan)."""
   table = {}
-  bounds = [0] + list(cuts) + [len(blocks)]
-  for s in range(len(bounds) - 1):
-    for gid in (g for block in blocks[bounds[s]:bounds[s + 1]]
-                for g in block):
+  for s, (begin, end) in enumerate(stage_bounds(cuts, len(blocks))):
+    for gid in (g for block in blocks[begin:end] for g in block):
       allowed = problem.allowed[gid]
       d = devices[s] if devices[s] in allowed else allowed[0]
       for n in problem.members[gid]:
@@ -242,12 +247,12 @@ def _repair(problem: PlacementProblem, blocks, cuts, devices):
     stage = max(range(len(devices)), key=lambda s: peaks[devices[s]] -
                 (caps[devices[s]] or 0))
     options = []
-    bounds = [0] + cuts + [len(blocks)]
-    if stage + 1 < len(devices) and bounds[stage + 1] - bounds[stage] > 1:
+    begin, end = stage_bounds(cuts, len(blocks))[stage]
+    if stage + 1 < len(devices) and end - begin > 1:
       moved = list(cuts)
       moved[stage] -= 1  # its last block to the next stage
       options.append(moved)
-    if stage > 0 and bounds[stage + 1] - bounds[stage] > 1:
+    if stage > 0 and end - begin > 1:
       moved = list(cuts)
       moved[stage - 1] += 1  # its first block to the previous stage
       options.append(moved)
