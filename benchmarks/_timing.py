@@ -10,8 +10,10 @@ measured step beside a prediction:
   fixed costs cancel out (the benchmarks' measure before the per-step one).
 
 The clocked fit runs the callback synchronously (Keras converts the logs
-at every step), the differenced ones do not; `outside_ms` is each clocked
-fit's wall time less the time inside its steps' intervals.
+at every step), the differenced ones do not; "outside" (in `summary`:
+`outside_steps_ms`) is each clocked fit's wall time less the time inside
+its steps' intervals, "in_hooks" (`in_hooks_ms`) each step from its batch
+begin to its batch end, the step function's call.
 """
 
 from __future__ import annotations

@@ -51,6 +51,7 @@ import time
 from absl import app, flags
 
 import tfopt  # noqa: F401  (OR-Tools before TensorFlow)
+from benchmarks._timing import step_clock
 
 FLAGS = flags.FLAGS
 flags.DEFINE_integer("params", 8_000_000, "Model parameters (float32).")
@@ -126,17 +127,6 @@ def monitoring_part():
   y = np.zeros((len(x), 10), "float32")
   model.fit(x[:640], y[:640], batch_size=64, verbose=0)  # trace
 
-  class Clock(keras.callbacks.Callback):
-    """The same clock for both arms: median batch-to-batch time."""
-    def __init__(self):
-      super().__init__()
-      self.times, self.last = [], None
-    def on_train_batch_end(self, batch, logs=None):
-      now = time.perf_counter()
-      if self.last is not None:
-        self.times.append(now - self.last)
-      self.last = now
-
   arms = {"without": [], "with_mfu_monitor": [], "with_all_callbacks": []}
   in_hooks = {"with_mfu_monitor": [], "with_all_callbacks": []}
   scratch = tempfile.mkdtemp(prefix="tfopt-bench-monitor-")
@@ -144,7 +134,7 @@ def monitoring_part():
   for run in range(FLAGS.monitor_runs):
     # rotate the order: whichever arm runs first in a round pays for it
     for arm in names[run % 3:] + names[:run % 3]:
-      clock = Clock()
+      clock = step_clock()  # the same clock for both arms
       callbacks = [clock]
       if arm != "without":
         callbacks.append(MFUMonitor((x[:64], y[:64]), peak_flops=1e12))
@@ -156,10 +146,12 @@ def monitoring_part():
       for callback in callbacks:
         if hasattr(callback, "beat") and callback.beat:
           callback.beat.stop()
-      arms[arm].append(statistics.median(clock.times))
+      # batch end to batch end: the first step (from its begin) left out
+      steps = clock.times[1:]
+      arms[arm].append(statistics.median(steps))
       if timed:
-        in_hooks[arm].append(sum(t[0] for t in timed) / len(clock.times) /
-                             statistics.median(clock.times))
+        in_hooks[arm].append(sum(t[0] for t in timed) / len(steps) /
+                             statistics.median(steps))
   med = {k: statistics.median(v) for k, v in arms.items()}
 
   def paired(arm):
