@@ -188,10 +188,10 @@ def _print_top(space, ranking, k=5):
 
 
 def _rank(run):
+  seed = _split_seed(run)  # a refused --seed before Keras is imported
   from tfopt.nas.ranking import rank  # pylint: disable=import-outside-toplevel
   space = run.space()
   net = run.load_supernet()
-  seed = _split_seed(run)
   split = _data(space, seed)
   constraints = run.constraints(space)
   ranking = rank(net, split.x_train[:500], split.x_val, split.y_val,

@@ -16,17 +16,29 @@
 - `tfopt.nas.benchmark`: one-shot vs exhaustive vs random search on tiny64.
 """
 
-from tfopt.nas.callbacks import NASReport, SubgraphRanker
-from tfopt.nas.export import SubgraphExport, export_subgraph
-from tfopt.nas.ranking import Ranking, rank, recalibrate_batchnorm
+from tfopt._lazy import lazy_getattr
 from tfopt.nas.run import RunDir
-from tfopt.nas.sampler import PathSampler
 from tfopt.nas.space import (PRESETS, ChoiceLayer, SearchSpace, stage_block,
                              tiny64)
 from tfopt.nas.steering import Constraints
-from tfopt.nas.supernet import EXECUTIONS, SuperNet
 
-__all__ = ["ChoiceLayer", "Constraints", "EXECUTIONS", "NASReport",
-           "PRESETS", "PathSampler", "Ranking", "RunDir", "SearchSpace",
-           "SubgraphExport", "SubgraphRanker", "SuperNet", "export_subgraph",
-           "rank", "recalibrate_batchnorm", "stage_block", "tiny64"]
+# What builds or runs the super-network imports Keras; it is resolved on
+# first use, so that steering a run (the analyst's loop: edit, look again)
+# and a command's refusal of bad input do not pay for importing TensorFlow.
+_LAZY = {
+    "NASReport": "tfopt.nas.callbacks",
+    "SubgraphRanker": "tfopt.nas.callbacks",
+    "SubgraphExport": "tfopt.nas.export",
+    "export_subgraph": "tfopt.nas.export",
+    "Ranking": "tfopt.nas.ranking",
+    "rank": "tfopt.nas.ranking",
+    "recalibrate_batchnorm": "tfopt.nas.ranking",
+    "PathSampler": "tfopt.nas.sampler",
+    "EXECUTIONS": "tfopt.nas.supernet",
+    "SuperNet": "tfopt.nas.supernet",
+}
+
+__getattr__ = lazy_getattr("tfopt.nas", _LAZY)
+
+__all__ = ["ChoiceLayer", "Constraints", "PRESETS", "RunDir", "SearchSpace",
+           "stage_block", "tiny64", *_LAZY]

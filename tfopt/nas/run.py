@@ -22,12 +22,15 @@ import csv
 import io
 import json
 import os
+from typing import TYPE_CHECKING
 
 from tfopt._errors import invalid_argument
 from tfopt._io import atomic_write, atomic_write_text
-from tfopt.nas.ranking import Ranking
 from tfopt.nas.space import SearchSpace
 from tfopt.nas.steering import Constraints
+
+if TYPE_CHECKING:  # tfopt.nas.ranking imports Keras: steering does not need it
+  from tfopt.nas.ranking import Ranking
 
 FORMAT = "tfopt.nas.run/1"
 FILES = {"manifest": "run.json", "space": "space.json",
@@ -224,6 +227,7 @@ class RunDir:
                              f"components.csv fit its space ({err})",
                              self.path) from None
     scores.sort(key=lambda item: (-item[1], space.index(item[0])))
+    from tfopt.nas.ranking import Ranking  # pylint: disable=import-outside-toplevel
     return Ranking(scores, components, "read", metric)
 
   # Views --------------------------------------------------------------------
