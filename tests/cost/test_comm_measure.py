@@ -52,26 +52,70 @@ def test_bad_arguments_are_named():
 def test_two_logical_devices_of_one_session(monkeypatch):
   # `config` reaches the session: two logical CPU devices, measured in
   # process. Shared memory: the copy moves nothing, so a transfer time is
-  # noise around 0 (clamped at 0); what must hold is that each is a real
-  # step's time minus its no-copy twin's.
+  # noise around 0 (clamped at 0); what must hold is that each is the
+  # paired difference of real runs of the step and its no-copy twin.
   import tensorflow as tf
-  medians = []
+  values, runs = [], []
 
-  def recording(run, repeats, **kw):
-    medians.append(real(run, repeats, **kw))
-    return medians[-1]
+  def recording(with_copy, without, repeats, **kw):
+    count = [0, 0]
 
-  real = comm_measure.median_us
-  monkeypatch.setattr(comm_measure, "median_us", recording)
+    def copy():
+      count[0] += 1
+      return with_copy()
+
+    def base():
+      count[1] += 1
+      return without()
+    values.append(real(copy, base, repeats, **kw))
+    runs.append(count)
+    return values[-1]
+
+  real = comm_measure.paired_difference_us
+  monkeypatch.setattr(comm_measure, "paired_difference_us", recording)
   config = tf.compat.v1.ConfigProto(device_count={"CPU": 2})
   points = measure_transfer_times(
       [4, 4096], src_device=LOCAL + "1", dst_device=LOCAL + "0",
       config=config, repeats=2)
   assert [b for b, _ in points] == [4, 4096]
-  assert len(medians) == 4 and all(m > 0 for m in medians)
-  for (_, t), remote, local in zip(points, medians[::2], medians[1::2]):
-    assert t == max(0.0, remote - local)
+  assert [t for _, t in points] == [max(0.0, v) for v in values]
+  # steps of a few ms: the fast pairs' count
+  assert runs == [[comm_measure.FAST_PAIRS] * 2] * 2
   # Without the config the session has one CPU: CPU:1 does not exist.
   with pytest.raises(tf.errors.InvalidArgumentError, match="CPU:1"):
     measure_transfer_times([4], src_device=LOCAL + "1",
                            dst_device=LOCAL + "0", repeats=1)
+
+
+def _drifting(step_s: float, slowdown: float):
+  """A virtual clock and runs on a machine slowing down steadily: the k-th
+  run (of either kind) takes (1 + slowdown * k) x its time."""
+  now, count = [0.0], [0]
+
+  def run(seconds):
+    def once():
+      count[0] += 1
+      now[0] += (step_s + seconds) * (1 + slowdown * count[0])
+    return once
+  return (lambda: now[0]), run, count
+
+
+@pytest.mark.parametrize("step_s,pairs", [(0.001, "fast"), (0.05, "repeats")])
+def test_paired_difference_cancels_the_machines_drift(step_s, pairs):
+  clock, run, count = _drifting(step_s, slowdown=0.05)
+  copy_s = 200e-6
+  got = comm_measure.paired_difference_us(run(copy_s), run(0.0), 5,
+                                          clock=clock)
+  n = comm_measure.FAST_PAIRS if pairs == "fast" else 5
+  assert count[0] == 2 * n
+  # By hand: within a pair the later run is one run's drift (step_s x
+  # 0.05) slower, which the copy-first pairs subtract and the copy-last
+  # pairs add: the two orders' mean cancels it, leaving the copy's own
+  # time, itself drifting from copy_s x 1.05 (first run) to x (1 + 0.1 n)
+  # (last). Two batches of n runs (the copies', then their twins') would
+  # be n runs of drift apart instead: step_s x 0.05 x n below, 1 ms or
+  # more here.
+  assert copy_s * 1.05 <= got * 1e-6 <= copy_s * (1 + 0.1 * n), got
+  # one order alone is a step's drift off (the fast case: 50 us, 4x less
+  # than the copy; the slow: 2.5 ms, 12x more)
+  assert abs(got * 1e-6 - copy_s * (1 + 0.05 * n)) < step_s * 0.05 / 2

@@ -11,33 +11,82 @@ GPUs.
 
 Each size is timed twice: producer and consumer on different devices, then
 both on the consumer's device; the difference is the transfer, so session
-and kernel overheads cancel out of the fit.
+and kernel overheads cancel out of the fit. The two are run in pairs, one
+right after the other (their order alternating), and the transfer is the
+median of the pairs' differences: this machine's speed drifts within
+seconds, and two batches of runs timed one after the other differ by the
+drift (within a pair, the two orders' drifts cancel in their mean). A
+pair of fast steps (small tensors: what the link's latency is fitted
+from) is repeated more often, for it costs little.
 """
 
 from __future__ import annotations
 
-from typing import Sequence
+import statistics
+import time
+from typing import Callable, Sequence
 
 import tensorflow as tf
 
 from tfopt._errors import check_positive_int, invalid_argument
-from tfopt._timing import median_us
 from tfopt.cost.comm import CommFit, fit_comm_model
 
 DEFAULT_SIZES = tuple(4 ** k for k in range(0, 14))  # 1 B .. 64 MiB
+# A pair of runs faster than this is timed at least FAST_PAIRS times. Four
+# server tasks pinned two to a core measured small copies between the two
+# of one core at 322-1,602 us within one calibration (each the median of 3
+# runs minus the median of 3 others), so the fitted latency moved 163-830 us
+# between calibrations, and the placed step's prediction with it by 25 %.
+FAST_PAIR_S = 0.02
+FAST_PAIRS = 21
+
+
+def paired_difference_us(with_copy: Callable[[], object],
+                         without: Callable[[], object], repeats: int, *,
+                         clock: Callable[[], float] = time.perf_counter
+                         ) -> float:
+  """Microseconds `with_copy()` takes beyond `without()`, from pairs of
+  runs of one right after the other, the order alternating (module doc):
+  the mean of the two orders' median differences. `repeats` pairs, at
+  least FAST_PAIRS where the first pair took under FAST_PAIR_S. The caller
+  has run both once (their setup)."""
+
+  def timed(run) -> float:
+    began = clock()
+    run()
+    return clock() - began
+
+  # Per order, the differences: a drift between a pair's two runs adds to
+  # one order's what it takes from the other's, so their mean cancels it.
+  orders: tuple[list, list] = ([], [])
+  pairs, done = repeats, 0
+  while done < pairs:
+    if done % 2:  # the order alternates: neither always runs warm
+      base = timed(without)
+      copy = timed(with_copy)
+    else:
+      copy = timed(with_copy)
+      base = timed(without)
+    if not done and copy + base < FAST_PAIR_S:
+      pairs = max(repeats, FAST_PAIRS)
+    orders[done % 2].append(copy - base)
+    done += 1
+  return statistics.fmean(statistics.median(o) for o in orders if o) * 1e6
 
 
 def _remote_minus_local(graph, init, keys, fetches, *, target: str, config,
                         repeats: int) -> list[tuple[int, float]]:
-  """(key, microseconds) per (remote, local) fetch pair: the median time of
-  the step with the transfer minus the same step without it."""
+  """(key, microseconds) per (remote, local) fetch pair: the step with the
+  transfer minus the same step without it (`paired_difference_us`)."""
   results = []
   with tf.compat.v1.Session(target, graph=graph,
                             config=_plain_config(config)) as session:
     session.run(init)
     for key, (remote, local) in zip(keys, fetches):
-      delta = (median_us(lambda f=remote: session.run(f), repeats) -
-               median_us(lambda f=local: session.run(f), repeats))
+      session.run(remote)  # the first runs' setup (executors, rendezvous)
+      session.run(local)
+      delta = paired_difference_us(lambda f=remote: session.run(f),
+                                   lambda f=local: session.run(f), repeats)
       results.append((key, max(0.0, delta)))
   return results
 
