@@ -134,7 +134,7 @@ def monitoring_part():
   for run in range(FLAGS.monitor_runs):
     # rotate the order: whichever arm runs first in a round pays for it
     for arm in names[run % 3:] + names[:run % 3]:
-      clock = step_clock()  # the same clock for both arms
+      clock = step_clock()  # the same clock for every arm
       callbacks = [clock]
       if arm != "without":
         callbacks.append(MFUMonitor((x[:64], y[:64]), peak_flops=1e12))

@@ -73,13 +73,14 @@ def test_two_logical_devices_of_one_session(monkeypatch):
 
   real = comm_measure.paired_difference_us
   monkeypatch.setattr(comm_measure, "paired_difference_us", recording)
+  # every pair counts as fast, however loaded the machine
+  monkeypatch.setattr(comm_measure, "FAST_PAIR_S", 60.0)
   config = tf.compat.v1.ConfigProto(device_count={"CPU": 2})
   points = measure_transfer_times(
       [4, 4096], src_device=LOCAL + "1", dst_device=LOCAL + "0",
       config=config, repeats=2)
   assert [b for b, _ in points] == [4, 4096]
   assert [t for _, t in points] == [max(0.0, v) for v in values]
-  # steps of a few ms: the fast pairs' count
   assert runs == [[comm_measure.FAST_PAIRS] * 2] * 2
   # Without the config the session has one CPU: CPU:1 does not exist.
   with pytest.raises(tf.errors.InvalidArgumentError, match="CPU:1"):
@@ -119,3 +120,14 @@ def test_paired_difference_cancels_the_machines_drift(step_s, pairs):
   # one order alone is a step's drift off (the fast case: 50 us, 4x less
   # than the copy; the slow: 2.5 ms, 12x more)
   assert abs(got * 1e-6 - copy_s * (1 + 0.05 * n)) < step_s * 0.05 / 2
+
+
+def test_paired_difference_takes_both_orders_and_checks_repeats():
+  # One pair would leave one order's drift uncancelled: at least two.
+  clock, run, count = _drifting(0.05, slowdown=0.05)
+  got = comm_measure.paired_difference_us(run(200e-6), run(0.0), 1,
+                                          clock=clock)
+  assert count[0] == 4
+  assert 200 * 1.05 <= got <= 200 * 1.2, got
+  with pytest.raises(ValueError, match="repeats=0"):
+    comm_measure.paired_difference_us(run(0.0), run(0.0), 0, clock=clock)

@@ -12,12 +12,14 @@ GPUs.
 Each size is timed twice: producer and consumer on different devices, then
 both on the consumer's device; the difference is the transfer, so session
 and kernel overheads cancel out of the fit. The two are run in pairs, one
-right after the other (their order alternating), and the transfer is the
-median of the pairs' differences: this machine's speed drifts within
-seconds, and two batches of runs timed one after the other differ by the
-drift (within a pair, the two orders' drifts cancel in their mean). A
-pair of fast steps (small tensors: what the link's latency is fitted
-from) is repeated more often, for it costs little.
+right after the other, their order alternating, and the transfer is the
+mean of the two orders' median differences: this machine's speed drifts
+within seconds, and two batches of runs timed one after the other differ
+by the drift, while within a pair the drift adds to one order's
+difference what it takes from the other's. A pair of fast steps (small
+tensors: what the link's latency is fitted from) is repeated more often,
+for it costs little. The batches of concurrent copies
+(`measure_concurrent_transfers`) are timed the same way.
 """
 
 from __future__ import annotations
@@ -35,8 +37,8 @@ DEFAULT_SIZES = tuple(4 ** k for k in range(0, 14))  # 1 B .. 64 MiB
 # A pair of runs faster than this is timed at least FAST_PAIRS times. Four
 # server tasks pinned two to a core measured small copies between the two
 # of one core at 322-1,602 us within one calibration (each the median of 3
-# runs minus the median of 3 others), so the fitted latency moved 163-830 us
-# between calibrations, and the placed step's prediction with it by 25 %.
+# runs minus the median of 3 others), the fitted latency 163-830 us over
+# six calibrations, and the placed step's prediction moved with it by 25 %.
 FAST_PAIR_S = 0.02
 FAST_PAIRS = 21
 
@@ -47,9 +49,9 @@ def paired_difference_us(with_copy: Callable[[], object],
                          ) -> float:
   """Microseconds `with_copy()` takes beyond `without()`, from pairs of
   runs of one right after the other, the order alternating (module doc):
-  the mean of the two orders' median differences. `repeats` pairs, at
-  least FAST_PAIRS where the first pair took under FAST_PAIR_S. The caller
-  has run both once (their setup)."""
+  the mean of the two orders' median differences. `repeats` pairs (at
+  least 2: one of each order), at least FAST_PAIRS where the first pair
+  took under FAST_PAIR_S. The caller has run both once (their setup)."""
 
   def timed(run) -> float:
     began = clock()
@@ -58,8 +60,9 @@ def paired_difference_us(with_copy: Callable[[], object],
 
   # Per order, the differences: a drift between a pair's two runs adds to
   # one order's what it takes from the other's, so their mean cancels it.
+  check_positive_int("repeats", repeats)
   orders: tuple[list, list] = ([], [])
-  pairs, done = repeats, 0
+  pairs, done = max(2, repeats), 0  # both orders, whatever `repeats`
   while done < pairs:
     if done % 2:  # the order alternates: neither always runs warm
       base = timed(without)
@@ -71,7 +74,7 @@ def paired_difference_us(with_copy: Callable[[], object],
       pairs = max(repeats, FAST_PAIRS)
     orders[done % 2].append(copy - base)
     done += 1
-  return statistics.fmean(statistics.median(o) for o in orders if o) * 1e6
+  return statistics.fmean(statistics.median(o) for o in orders) * 1e6
 
 
 def _remote_minus_local(graph, init, keys, fetches, *, target: str, config,
@@ -102,8 +105,9 @@ def measure_transfer_times(sizes: Sequence[int] = DEFAULT_SIZES, *,
   With no devices given, starts two loopback server processes, measures
   worker 1 -> worker 0 and stops them. `config` is the session's
   ConfigProto (e.g. with `device_count={"CPU": 2}` to measure two logical
-  CPU devices). Returns one pair per size: the median transfer time over
-  `repeats` runs, minus the same computation without a transfer.
+  CPU devices). Returns one pair per size: the transfer's time beyond the
+  same computation without it, from `repeats` pairs of runs (at least 2,
+  and FAST_PAIRS for fast ones: `paired_difference_us`).
   """
   check_positive_int("repeats", repeats)
   sizes = list(sizes)
@@ -168,8 +172,8 @@ def measure_concurrent_transfers(counts: Sequence[int] = (1, 2, 4, 8, 16), *,
   """(n, microseconds) for n small tensors sent from `src` to `dst` at once.
 
   Each batch is n 4-byte variables read on `src` and all consumed by one
-  op on `dst`; its time is the median step time minus the same step with
-  the reads on `dst` (no transfer). `fit_overhead` turns these into the
+  op on `dst`; its time is the step's beyond the same step with the reads
+  on `dst` (no transfer), from paired runs (`paired_difference_us`). `fit_overhead` turns these into the
   channel overhead per transfer: how far transfers overlap.
   """
   check_positive_int("repeats", repeats)
