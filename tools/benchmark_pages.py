@@ -650,9 +650,9 @@ def auto_calibration_section() -> str:
       "step against the step `fit` takes (the median of every step's "
       "time from the previous step's end to its own, in "
       f"{d['rounds']} fits of {d['steps'][1]} steps with a step clock, "
-      f"batch {d['batch_size']}, the first {d.get('warmup', 0)} of each "
+      f"batch {d['batch_size']}, the first {d['warmup']} of each "
       "left out; "
-      f"{d.get('repeats', 1)} processes per model and "
+      f"{d['repeats']} processes per model and "
       "mode, the modes alternating, the row the median one), with "
       "Baechi's machine model (`calibration=None`) and with the default "
       "(no `calibration` argument: this machine's calibration, measured "
@@ -773,15 +773,17 @@ def hosts_section() -> str:
   """Placement across LocalHosts and the placer's cost as hosts grow
   (benchmarks/hosts.py)."""
   d = load("hosts")
-  short, long = (d.get("placement") or [{}])[0].get("steps", [4, 24])
+  # the fits' lengths as the rows recorded them (no default: a number the
+  # benchmark did not write would be published as if it had)
+  short, long = d["placement"][0]["steps"]
   placed = [[r["rate"], r["placer"], _f(r["link_between"]["bandwidth_gbps"]
                                          * 1e3, 1),
              _f(r["predicted_ms"], 1), _f(r["measured_ms"], 1),
              _f(r["measured_over_predicted"]),
-             _f(r.get("difference_over_predicted")),
+             _f(r["difference_over_predicted"]),
              r["tensors_across_hosts"],
              _f(r["bytes_across_hosts"] / 1e3, 0),
-             f"{r['max_loss_diff']:.1e}"] for r in d.get("placement", [])]
+             f"{r['max_loss_diff']:.1e}"] for r in d["placement"]]
   scaled = [[WORKLOADS.get(r["workload"], r["workload"]), r["hosts"],
              r["per_host"]] + (
                  [_f(r["placement_seconds"]), _f(r["vs_lower_bound"]),

@@ -173,8 +173,9 @@ def measure_concurrent_transfers(counts: Sequence[int] = (1, 2, 4, 8, 16), *,
 
   Each batch is n 4-byte variables read on `src` and all consumed by one
   op on `dst`; its time is the step's beyond the same step with the reads
-  on `dst` (no transfer), from paired runs (`paired_difference_us`). `fit_overhead` turns these into the
-  channel overhead per transfer: how far transfers overlap.
+  on `dst` (no transfer), from paired runs (`paired_difference_us`).
+  `fit_overhead` turns these into the channel overhead per transfer: how
+  far transfers overlap.
   """
   check_positive_int("repeats", repeats)
   counts = list(counts)
