@@ -58,7 +58,9 @@ def main(spec, devices, cap, calibration, rounds):
             if host[t.src_device] != host[t.dst_device]]
   out.update(
       placer=report.placer, devices_used=len(report.devices_used),
-      predicted_ms=report.predicted_us / 1e3, **timed,
+      predicted_ms=report.predicted_us / 1e3,
+      simulated_ms=report.plan.makespan_us / 1e3,
+      dispatch_ms=report.step_overhead_us / 1e3, **timed,
       steps=[SHORT, LONG],
       difference_ms=min(timed["per_step_ms"]),
       difference_median_ms=statistics.median(timed["per_step_ms"]),

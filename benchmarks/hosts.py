@@ -16,7 +16,9 @@ placement="auto", devices=<the 4 tasks>, cluster=hosts.spec, calibration=
 every step's time in --rounds clocked fits of 24 steps; beside it the
 earlier measure, the minimum over rounds of the difference between
 unclocked fits of 24 and 4 steps; benchmarks/_timing.py) against the
-report's prediction, and how many tensors and bytes the plan sends
+report's prediction (the simulated plan plus the calibrated step
+dispatch to the tasks it uses and the batch's feed,
+`tfopt.runtime.dispatch`), and how many tensors and bytes the plan sends
 between hosts.
 
 Part "scaling" (simulation): the shipped workloads on 2-16 hosts x 2-8
@@ -88,6 +90,7 @@ def _placement_row(rate: str) -> dict:
                            ("latency_us", "bandwidth_gbps")},
               link_between={k: made["host_link"][k] for k in
                             ("latency_us", "bandwidth_gbps")},
+              dispatch_us=made["dispatch_us"], feed_gbps=made["feed_gbps"],
               hosts_share_cores=made["hosts_share_cores"],
               max_loss_diff=max_loss_diff,
               measured_over_predicted=row["measured_ms"] / row["predicted_ms"],
@@ -162,10 +165,12 @@ def main(argv):
     for rate in FLAGS.rates:
       out["placement"].append(_placement_row(rate))
       bar.add(1)
-    print(f"\n{'rate':<9}{'placer':<18}{'predicted ms':>13}{'measured ms':>12}"
+    print(f"\n{'rate':<9}{'placer':<18}{'simulated':>10}{'+ dispatch':>11}"
+          f"{'predicted ms':>13}{'measured ms':>12}"
           f"{'meas/pred':>10}{'tensors x':>10}{'kB x':>8}{'loss diff':>10}")
     for r in out["placement"]:
-      print(f"{r['rate']:<9}{r['placer']:<18}{r['predicted_ms']:>13.1f}"
+      print(f"{r['rate']:<9}{r['placer']:<18}{r['simulated_ms']:>10.1f}"
+            f"{r['dispatch_ms']:>11.1f}{r['predicted_ms']:>13.1f}"
             f"{r['measured_ms']:>12.1f}{r['measured_over_predicted']:>10.2f}"
             f"{r['tensors_across_hosts']:>10}"
             f"{r['bytes_across_hosts'] / 1e3:>8.0f}"

@@ -40,6 +40,11 @@ def main(spec, devices, cap, calibration):
   out["placed"] = model.fit(x, y, **fit).history["loss"]
   (report,) = model.train_function.reports.values()
   out["cluster"] = report.cluster_source
+  out["predicted_us"] = report.predicted_us
+  out["makespan_us"] = report.plan.makespan_us
+  out["step_overhead_us"] = report.step_overhead_us
+  out["devices_used"] = list(report.devices_used)
+  out["table"] = report.table()
   out["devices"] = sorted({v.value.device for v in model.variables})
   print(json.dumps(out))
 

@@ -173,3 +173,54 @@ def test_a_calibration_across_hosts_charges_each_pair_by_its_link(tmp_path):
   doc = made.to_json()
   del doc["host_link"], doc["hosts_share_cores"]
   assert cal.from_json(doc).host_link is None
+
+
+def test_the_step_dispatch_and_feed_round_trip_and_add_up(tmp_path):
+  """Server tasks' step costs beyond its ops (tfopt.runtime.dispatch):
+  per task count as measured, each further task the last measured step,
+  the batch at the feed's rate; a file without them (made before) costs
+  nothing extra."""
+  made = _calibration(kind="processes", dispatch_us=(1200.0, 1600.0, 1900.0),
+                      feed_gbps=0.125)
+  made.save(tmp_path / "c.json")
+  loaded = cal.load_calibration(tmp_path / "c.json")
+  assert loaded == made and loaded.dispatch_us == (1200.0, 1600.0, 1900.0)
+  assert loaded.step_overhead_us(1) == 1200.0
+  assert loaded.step_overhead_us(3) == 1900.0
+  assert loaded.step_overhead_us(5) == 1900.0 + 2 * 300.0
+  # 32 x 256 float32 at 0.125 GB/s (125 bytes per us): 262.144 us.
+  assert loaded.step_overhead_us(2, feed_bytes=32 * 256 * 4) == \
+      pytest.approx(1600.0 + 262.144)
+  assert "step dispatch 1.20-1.90 ms on 1-3 tasks, the batch fed at " \
+      "0.125 GB/s" in loaded.describe()
+  doc = json.loads((tmp_path / "c.json").read_text())
+  del doc["dispatch_us"], doc["feed_gbps"]
+  older = cal.from_json(doc)
+  assert older.dispatch_us == () and older.step_overhead_us(4, 10**6) == 0.0
+  for bad in ((0.0, 1.0), (-1.0,), ("1",), (True,)):
+    with pytest.raises(ValueError, match="Argument `dispatch_us` must be "):
+      _calibration(dispatch_us=bad)
+  with pytest.raises(ValueError, match="Argument `feed_gbps` must be a "
+                     "number > 0 or None. Received: feed_gbps=0"):
+    _calibration(feed_gbps=0)
+  with pytest.raises(ValueError, match="Argument `tasks` must be"):
+    made.step_overhead_us(0)
+  with pytest.raises(ValueError, match="Argument `feed_bytes` must be an "
+                     "integer >= 0. Received: feed_bytes=-1"):
+    made.step_overhead_us(1, feed_bytes=-1)
+
+
+def test_the_feed_bandwidth_is_fitted_through_the_origin():
+  from tfopt.runtime.dispatch import feed_bandwidth_gbps
+  # 125 bytes per us (0.125 GB/s) exactly, and with a point +-10 %.
+  assert feed_bandwidth_gbps([(125_000, 1000.0), (250_000, 2000.0)]) == \
+      pytest.approx(0.125)
+  noisy = feed_bandwidth_gbps([(125_000, 1100.0), (250_000, 1800.0)])
+  assert 0.11 < noisy < 0.14
+  # A token bucket's burst let the 64 KiB feed through at memory speed
+  # (LocalHosts at 1 Gbit/s, measured): the rate is the large feeds'.
+  burst = feed_bandwidth_gbps([(65_536, 51.4), (262_144, 1376.7),
+                               (1_048_576, 8436.4)])
+  assert 0.12 < burst < 0.13
+  # Feeds no slower than the 4-byte call: no rate to fit.
+  assert feed_bandwidth_gbps([(65_536, 0.0), (262_144, 0.0)]) is None

@@ -97,6 +97,12 @@ class Calibration:
       `capacity` and the groups together run this many (at least
       `capacity`) ops' worth (`ComputeSharing.machine_capacity`); without
       it, all tasks form one group of `capacity`.
+    dispatch_us: per count of server tasks a step uses (1, 2, ...), what
+      a step of one trivial op per task costs when this process calls it
+      through its eager runtime, as `tfopt.compile` trains
+      (`tfopt.runtime.dispatch`); empty: not measured.
+    feed_gbps: how fast the batch travels from this process to the task
+      that consumes it (GB/s); None: not measured.
     machine, tensorflow, created: where, with what and when (UTC ISO).
     fit: the measurements' residuals and raw numbers, for the report.
     path: the file it was loaded from (not saved).
@@ -114,6 +120,8 @@ class Calibration:
   host_link: Link | None = None
   hosts_share_cores: bool = True
   hosts_capacity: float | None = None
+  dispatch_us: tuple[float, ...] = ()
+  feed_gbps: float | None = None
   machine: dict = dataclasses.field(default_factory=machine_fingerprint)
   tensorflow: str = dataclasses.field(default_factory=_tensorflow_version)
   created: str = dataclasses.field(default_factory=lambda: (
@@ -141,6 +149,18 @@ class Calibration:
         not 1 <= self.hosts_capacity <= 2):
       raise invalid_argument("hosts_capacity", "a number in [1, 2] or None",
                              self.hosts_capacity)
+    dispatch = tuple(self.dispatch_us)
+    if any(isinstance(t, bool) or not isinstance(t, (int, float)) or
+           not t > 0 for t in dispatch):
+      raise invalid_argument("dispatch_us", "per task count a time > 0 "
+                             "(microseconds)", self.dispatch_us)
+    object.__setattr__(self, "dispatch_us", tuple(float(t) for t in dispatch))
+    if self.feed_gbps is not None and (
+        isinstance(self.feed_gbps, bool) or
+        not isinstance(self.feed_gbps, (int, float)) or
+        not self.feed_gbps > 0):
+      raise invalid_argument("feed_gbps", "a number > 0 or None",
+                             self.feed_gbps)
 
   # -- What it means for a cluster --
 
@@ -223,6 +243,31 @@ class Calibration:
         d, op_overhead_us=self.op_overhead_us) for d in cluster.devices),
                    self.comm(hosts), self.sharing(len(cluster), hosts))
 
+  def step_overhead_us(self, tasks: int, feed_bytes: int = 0) -> float:
+    """What a step on `tasks` server tasks costs beyond its simulated ops
+    when this process drives it (`dispatch_us`), plus `feed_bytes` of
+    batch fed to it at `feed_gbps`; 0 where not measured. Beyond the
+    counts measured, each further task costs the last measured step.
+
+    >>> c = Calibration("processes", 2, Link(), True, 1.0, True,
+    ...                 dispatch_us=(1000.0, 1500.0), feed_gbps=0.1)
+    >>> c.step_overhead_us(3), c.step_overhead_us(1, feed_bytes=10_000)
+    (2000.0, 1100.0)
+    """
+    check_positive_int("tasks", tasks)
+    if isinstance(feed_bytes, bool) or not isinstance(feed_bytes, int) or \
+        feed_bytes < 0:
+      raise invalid_argument("feed_bytes", "an integer >= 0", feed_bytes)
+    if not self.dispatch_us:
+      return 0.0
+    measured = self.dispatch_us
+    dispatch = measured[min(tasks, len(measured)) - 1]
+    if tasks > len(measured):
+      step = measured[-1] - measured[-2] if len(measured) > 1 else 0.0
+      dispatch += max(0.0, step) * (tasks - len(measured))
+    feed = feed_bytes / (self.feed_gbps * 1e3) if self.feed_gbps else 0.0
+    return dispatch + feed
+
   # -- Age and provenance --
 
   def age_days(self, now: datetime.datetime | None = None) -> float:
@@ -258,6 +303,12 @@ class Calibration:
                          " cores)")
     else:
       line_between = ""
+    if self.dispatch_us:
+      feed = (f", the batch fed at {self.feed_gbps:.3g} GB/s"
+              if self.feed_gbps else "")
+      line_between += (f"; step dispatch {self.dispatch_us[0] / 1e3:.2f}-"
+                       f"{self.dispatch_us[-1] / 1e3:.2f} ms on 1-"
+                       f"{len(self.dispatch_us)} tasks{feed}")
     line = (f"calibrated {self.kind} x{self.num_devices} ({where}, "
             f"{self.created[:10]}, {_age(age)} old): latency {self.link.latency_us:.0f} us, "
             f"{self.link.bandwidth_gbps:.3g} GB/s, overhead {overhead}, "
@@ -286,6 +337,8 @@ class Calibration:
                 self.host_link),
             "hosts_share_cores": self.hosts_share_cores,
             "hosts_capacity": self.hosts_capacity,
+            "dispatch_us": list(self.dispatch_us),
+            "feed_gbps": self.feed_gbps,
             "machine": self.machine, "tensorflow": self.tensorflow,
             "created": self.created, "fit": self.fit}
 
@@ -324,6 +377,8 @@ def from_json(doc: Any, *, path: str | None = None) -> Calibration:
         host_link=None if host_link is None else _link_from(host_link),
         hosts_share_cores=bool(doc.get("hosts_share_cores", True)),
         hosts_capacity=doc.get("hosts_capacity"),
+        dispatch_us=tuple(doc.get("dispatch_us") or ()),
+        feed_gbps=doc.get("feed_gbps"),
         control_messages=bool(doc["control_messages"]),
         capacity=doc["capacity"], shared=bool(doc["shared"]),
         op_overhead_us=float(doc["op_overhead_us"]),

@@ -83,6 +83,10 @@ class HookReport:
   placer: str | None = None
   predicted_us: float | None = None
   single_device_us: float | None = None
+  # Of predicted_us (and single_device_us), what the runtime's step costs
+  # beyond the simulated ops: the calibrated dispatch to the server tasks
+  # used and the batch's feed (Calibration.step_overhead_us); 0 elsewhere.
+  step_overhead_us: float = 0.0
   peak_bytes: tuple[int, ...] = ()
   devices_used: tuple[str, ...] = ()
   ops_verified: int = 0
@@ -106,10 +110,14 @@ class HookReport:
              self.pipeline_table]
     if self.placer is not None:
       peaks = ", ".join(f"{p / 1e6:.1f}" for p in self.peak_bytes)
+      overhead = (f" ({(self.predicted_us - self.step_overhead_us) / 1e3:.2f}"
+                  f" ms simulated + {self.step_overhead_us / 1e3:.2f} ms "
+                  f"dispatch and feed)" if self.step_overhead_us else "")
       lines.append(
           f"placement {self.placer}: predicted {self.predicted_us / 1e3:.2f} "
-          f"ms vs one device {self.single_device_us / 1e3:.2f} ms; peak MB "
-          f"per device: {peaks}; devices used: {list(self.devices_used)}")
+          f"ms{overhead} vs one device {self.single_device_us / 1e3:.2f} ms; "
+          f"peak MB per device: {peaks}; devices used: "
+          f"{list(self.devices_used)}")
       if getattr(self.plan, "bound", None) is not None:
         lines.append(self.plan.describe_bound())
       total = sum(self.variable_bytes.values()) or 1
@@ -378,11 +386,14 @@ class _OptimizedTrainFunction:
     from tfopt.compile_placement import placement_summary  # pylint: disable=g-import-not-at-top
     report.placer = plan.placer
     report.plan = plan
-    report.predicted_us = plan.makespan_us
-    report.single_device_us = plan.single_device_us
     report.peak_bytes = tuple(plan.schedule.peak_bytes)
     report.devices_used = tuple(sorted({n.device for n in graph.node
                                         if n.device}))
+    report.step_overhead_us = self._step_overhead_us(report.devices_used,
+                                                     step)
+    report.predicted_us = plan.makespan_us + report.step_overhead_us
+    report.single_device_us = plan.single_device_us + (
+        self._step_overhead_us(report.devices_used[:1], step))
     summary = placement_summary(plan, graph, step.variables)
     report.variable_bytes = summary["variable_bytes"]
     report.costs_source = getattr(costs, "source", "")
@@ -394,6 +405,19 @@ class _OptimizedTrainFunction:
         self.calibration.describe() if self.calibration is not None else
         "not calibrated: Baechi's PCIe-like link, devices computing apart "
         "(tfopt-calibrate fits this machine's)")
+
+  def _step_overhead_us(self, devices, step) -> float:
+    """What a step on `devices` costs beyond its simulated ops where
+    they are server tasks this process drives and the calibration
+    measured it (`Calibration.step_overhead_us`: the dispatch to each
+    task used, the batch fed from here); 0 otherwise."""
+    if self.calibration is None or not self.calibration.dispatch_us or \
+        self.where is None or not self.where.remote:
+      return 0.0
+    from tfopt.runtime.remote import task_of  # pylint: disable=g-import-not-at-top
+    tasks = {task_of(d) for d in devices}
+    return self.calibration.step_overhead_us(
+        max(1, len(tasks)), feed_bytes=step.input_bytes())
 
   def _cluster(self):
     """The devices as a Cluster (`PlacementDevices.cluster`)."""

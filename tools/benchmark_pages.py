@@ -778,6 +778,7 @@ def hosts_section() -> str:
   short, long = d["placement"][0]["steps"]
   placed = [[r["rate"], r["placer"], _f(r["link_between"]["bandwidth_gbps"]
                                          * 1e3, 1),
+             _f(r["simulated_ms"], 1), _f(r["dispatch_ms"], 1),
              _f(r["predicted_ms"], 1), _f(r["measured_ms"], 1),
              _f(r["measured_over_predicted"]),
              _f(r["difference_over_predicted"]),
@@ -805,11 +806,15 @@ def hosts_section() -> str:
       f"minimum over rounds of (fit of {long} steps - fit of {short}) / "
       f"{long - short}, fits without callbacks; x: between hosts, in "
       "the plan's predicted schedule; loss diff: the largest difference "
-      "from plain Keras' losses.",
-      _table(["rate", "placer", "MB/s between (fit)", "predicted ms",
+      "from plain Keras' losses; predicted: the simulated plan plus what "
+      "the calibration measured a step to cost the client beyond its ops "
+      "(the dispatch to the tasks used and the batch's feed, "
+      "`tfopt.runtime.dispatch`).",
+      _table(["rate", "placer", "MB/s between (fit)", "simulated ms",
+              "dispatch + feed ms", "predicted ms",
               "measured ms", "measured / predicted",
               "by fit differences / predicted", "tensors x", "kB x",
-              "loss diff"], placed, set(range(2, 9))),
+              "loss diff"], placed, set(range(2, 11))),
       "Scaling (simulation): `auto` on the shipped workloads, inside a host "
       "Baechi's PCIe-like link, between hosts 1 Gbit/s + 200 us, each "
       "device capped at a quarter of the graph's memory; its placement "

@@ -25,13 +25,17 @@ environment variable) measures the running server tasks of a cluster
 instead: on tasks of several hosts (`tfopt.scale.hosts.LocalHosts`, or a
 real cluster) two links, one inside a host and one between hosts, and
 whether different hosts' tasks share cores; `tfopt.compile` charges each
-transfer by the link it crosses. Run it where the tasks are reachable
+transfer by the link it crosses. On a running cluster it also measures
+what a step costs beyond its ops when this process drives the tasks
+(`tfopt.runtime.dispatch`: the call to 1..N tasks, the batch's feed), which
+tfopt.compile adds to its prediction. Run it where the tasks are reachable
 (for LocalHosts: `hosts.run_client([...])`). `--pinned`: the tasks are
 pinned to a core each.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 
@@ -116,6 +120,13 @@ def main(argv):
           f"chains on two hosts at once -> capacity "
           f"{between['capacity_measured']:.2f} ("
           f"{'sharing' if calibration.hosts_share_cores else 'own'} cores)")
+  if calibration.dispatch_us:
+    print("a step of one trivial op per task, called from here (tasks: ms): "
+          + ", ".join(f"{k}: {t / 1e3:.2f}" for k, t in
+                      enumerate(calibration.dispatch_us, 1))
+          + "; the batch fed at " + (
+              f"{calibration.feed_gbps:.3g} GB/s" if calibration.feed_gbps
+              else "no measurable cost"))
   print(f"wrote {FLAGS.out}")
 
 
@@ -137,10 +148,18 @@ def _fit_running(cluster: str, pinned: bool, repeats: int):
   hosts = remote.task_hosts(spec, names)
   kind = "pinned" if pinned else "processes"
   if len(set(hosts)) > 1:
-    return calibrate_hosts(names, hosts, target=target, kind=kind,
-                           repeats=repeats, progress=True)
-  return calibrate_devices(kind, names, target=target, repeats=repeats,
-                           progress=True)
+    calibration = calibrate_hosts(names, hosts, target=target, kind=kind,
+                                  repeats=repeats, progress=True)
+  else:
+    calibration = calibrate_devices(kind, names, target=target,
+                                    repeats=repeats, progress=True)
+  # Last: it connects this process's eager runtime to the tasks.
+  from tfopt.runtime.dispatch import measure_dispatch  # pylint: disable=g-import-not-at-top
+  dispatch = measure_dispatch(spec, names)
+  return dataclasses.replace(
+      calibration, dispatch_us=tuple(dispatch["dispatch_us"]),
+      feed_gbps=dispatch["feed_gbps"],
+      fit={**calibration.fit, "feed_points": dispatch["feed_points"]})
 
 
 def run() -> None:

@@ -67,6 +67,17 @@ class CapturedStep:
   output_structure: Any = None
   gradients: tuple[tuple[str, str], ...] = ()
 
+  def input_bytes(self) -> int:
+    """The bytes of one batch of the step's inputs (strings and other
+    unsized inputs count 0; an unknown dimension other than the batch
+    counts 1)."""
+    total = 0
+    for spec in self.input_specs:
+      shape = [self.batch_size if d is None else d for d in spec.shape]
+      total += int(np.prod([d or 1 for d in shape])) * _dtype_size(
+          spec.dtype)
+    return total
+
   def sample_inputs(self, seed: int = 0) -> list[np.ndarray]:
     """Random inputs matching `input_specs`: normal floats, zero integers."""
     rng = np.random.default_rng(seed)

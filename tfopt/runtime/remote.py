@@ -213,6 +213,15 @@ def task_hosts(spec: Mapping[str, list[str]], devices) -> list[str]:
   return hosts
 
 
+def task_of(device: str) -> tuple[str, int] | None:
+  """(job, task) of a task's device string; None for this process's."""
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  if not is_remote(device):
+    return None
+  parsed = tf.DeviceSpec.from_string(device)
+  return parsed.job, parsed.task or 0
+
+
 def is_remote(device: str) -> bool:
   """Whether a device string names a task of another job."""
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
