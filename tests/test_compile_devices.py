@@ -57,3 +57,30 @@ def test_the_host_of_each_task_and_this_process_address_toward_them():
   assert remote.client_address({"worker": ["127.0.0.1:2222"]}) is None
   with pytest.raises(ValueError, match="devices"):
     remote.task_hosts(spec, ["/job:worker/task:3/device:CPU:0"])
+
+
+def test_tasks_of_a_cluster_carry_the_calibrated_step_dispatch():
+  """On server tasks (one device each) the calibration's dispatch from
+  this process is the cluster's step overhead, which the placers weigh;
+  on devices of this process, or several devices of one task, none."""
+  import dataclasses  # pylint: disable=import-outside-toplevel
+  from tfopt import calibration as cal  # pylint: disable=import-outside-toplevel
+  from tfopt.cost import Link  # pylint: disable=import-outside-toplevel
+  made = cal.Calibration(kind="processes", num_devices=2, link=Link(),
+                         control_messages=True, capacity=1.0, shared=True,
+                         dispatch_us=(1200.0, 1700.0), feed_gbps=0.1)
+  spec = {"worker": ["10.0.0.1:2222", "10.0.0.2:2222"]}
+  tasks = PlacementDevices(("/job:worker/task:0/device:CPU:0",
+                            "/job:worker/task:1/device:CPU:0"), spec, {},
+                           False)
+  cluster = tasks.cluster(10**6, made)
+  assert cluster.step_overhead_us == (1200.0, 1700.0)
+  assert cluster.step_overhead(2) == 1700.0
+  assert tasks.cluster(10**6, dataclasses.replace(
+      made, dispatch_us=())).step_overhead_us == ()
+  one_task = PlacementDevices(("/job:worker/task:0/device:CPU:0",
+                               "/job:worker/task:0/device:CPU:1"), spec, {},
+                              False)
+  assert one_task.cluster(10**6, made).step_overhead_us == ()
+  local = PlacementDevices(("/device:CPU:0",), None, {}, True)
+  assert local.cluster(10**6, made).step_overhead_us == ()

@@ -22,12 +22,14 @@ from __future__ import annotations
 import dataclasses
 import datetime
 import json
+import numbers
 import os
 import platform
 from typing import Any, Sequence
 
 from tfopt._errors import check_positive_int, invalid_argument
-from tfopt.cluster import Cluster, ComputeSharing, Device
+from tfopt.cluster import (Cluster, ComputeSharing, Device,
+                           checked_overheads, overhead_at)
 from tfopt.cost.comm import CommModel, Link
 
 FORMAT = "tfopt.calibration/1"
@@ -101,8 +103,9 @@ class Calibration:
       a step of one trivial op per task costs when this process calls it
       through its eager runtime, as `tfopt.compile` trains
       (`tfopt.runtime.dispatch`); empty: not measured.
-    feed_gbps: how fast the batch travels from this process to the task
-      that consumes it (GB/s); None: not measured.
+    feed_gbps: how fast a batch travels from this process to the first
+      task (GB/s), which tfopt.compile charges every batch at; None: not
+      measured.
     machine, tensorflow, created: where, with what and when (UTC ISO).
     fit: the measurements' residuals and raw numbers, for the report.
     path: the file it was loaded from (not saved).
@@ -149,16 +152,12 @@ class Calibration:
         not 1 <= self.hosts_capacity <= 2):
       raise invalid_argument("hosts_capacity", "a number in [1, 2] or None",
                              self.hosts_capacity)
-    dispatch = tuple(self.dispatch_us)
-    if any(isinstance(t, bool) or not isinstance(t, (int, float)) or
-           not t > 0 for t in dispatch):
-      raise invalid_argument("dispatch_us", "per task count a time > 0 "
-                             "(microseconds)", self.dispatch_us)
-    object.__setattr__(self, "dispatch_us", tuple(float(t) for t in dispatch))
+    object.__setattr__(self, "dispatch_us", checked_overheads(
+        "dispatch_us", self.dispatch_us))
     if self.feed_gbps is not None and (
         isinstance(self.feed_gbps, bool) or
         not isinstance(self.feed_gbps, (int, float)) or
-        not self.feed_gbps > 0):
+        not 0 < self.feed_gbps < float("inf")):
       raise invalid_argument("feed_gbps", "a number > 0 or None",
                              self.feed_gbps)
 
@@ -255,18 +254,23 @@ class Calibration:
     (2000.0, 1100.0)
     """
     check_positive_int("tasks", tasks)
-    if isinstance(feed_bytes, bool) or not isinstance(feed_bytes, int) or \
-        feed_bytes < 0:
-      raise invalid_argument("feed_bytes", "an integer >= 0", feed_bytes)
+    self.feed_us(feed_bytes)  # checks it
     if not self.dispatch_us:
       return 0.0
-    measured = self.dispatch_us
-    dispatch = measured[min(tasks, len(measured)) - 1]
-    if tasks > len(measured):
-      step = measured[-1] - measured[-2] if len(measured) > 1 else 0.0
-      dispatch += max(0.0, step) * (tasks - len(measured))
-    feed = feed_bytes / (self.feed_gbps * 1e3) if self.feed_gbps else 0.0
-    return dispatch + feed
+    return overhead_at(self.dispatch_us, tasks) + self.feed_us(feed_bytes)
+
+  def feed_us(self, nbytes: int) -> float:
+    """`nbytes` of batch fed from this process at `feed_gbps` (0 where
+    not measured).
+
+    >>> Calibration("processes", 2, Link(), True, 1.0, True,
+    ...             feed_gbps=0.1).feed_us(10_000)
+    100.0
+    """
+    if isinstance(nbytes, bool) or not isinstance(
+        nbytes, numbers.Integral) or nbytes < 0:
+      raise invalid_argument("feed_bytes", "an integer >= 0", nbytes)
+    return int(nbytes) / (self.feed_gbps * 1e3) if self.feed_gbps else 0.0
 
   # -- Age and provenance --
 

@@ -13,11 +13,45 @@ the simulator. `tfopt.runtime.calibrate` fits both on the real machine;
 from __future__ import annotations
 
 import dataclasses
+import math
 from typing import Sequence
 
 from tfopt._errors import (check_non_negative, check_positive_int,
                            invalid_argument)
 from tfopt.cost.comm import CommModel
+
+
+def checked_overheads(name: str, values) -> tuple[float, ...]:
+  """`values` as a tuple of floats >= 0, or the Keras-style error naming
+  `name`."""
+  try:
+    values = tuple(values)
+  except TypeError:
+    raise invalid_argument(name, "a sequence of finite times >= 0 "
+                           "(microseconds), one per count of devices",
+                           values) from None
+  if any(isinstance(t, bool) or not isinstance(t, (int, float)) or
+         not 0 <= t < math.inf for t in values):
+    raise invalid_argument(name, "a sequence of finite times >= 0 "
+                           "(microseconds), one per count of devices",
+                           values)
+  return tuple(float(t) for t in values)
+
+
+def overhead_at(table: Sequence[float], count: int) -> float:
+  """`table[count - 1]`; beyond the table, its last entry plus, per count
+  further, its last increase (none below 0); 0 for an empty table.
+
+  >>> overhead_at((1.0, 3.0), 1), overhead_at((1.0, 3.0), 4), overhead_at((), 2)
+  (1.0, 7.0, 0.0)
+  """
+  check_positive_int("count", count)
+  if not table:
+    return 0.0
+  value = table[min(count, len(table)) - 1]
+  if count > len(table) and len(table) > 1:
+    value += max(0.0, table[-1] - table[-2]) * (count - len(table))
+  return float(value)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -149,10 +183,19 @@ class ComputeSharing:
 @dataclasses.dataclass(frozen=True)
 class Cluster:
   """An ordered set of devices, the links between them, and which of them
-  share cores (None: every device computes apart)."""
+  share cores (None: every device computes apart).
+
+  `step_overhead_us`: per count of devices a plan uses (1, 2, ...), what
+  a step costs beyond its ops and transfers: the runtime's dispatch to
+  those devices and its wait for their replies (server tasks driven from
+  a client, `Calibration.dispatch_us`); the simulator adds it to a plan's
+  makespan (`step_overhead`), so plans that spread pay for it. Empty:
+  nothing (Baechi's model).
+  """
   devices: tuple[Device, ...]
   comm: CommModel = CommModel()
   sharing: ComputeSharing | None = None
+  step_overhead_us: tuple[float, ...] = ()
 
   def __post_init__(self):
     devices = tuple(self.devices)
@@ -170,6 +213,17 @@ class Cluster:
     if self.comm.hosts and len(self.comm.hosts) != len(devices):
       raise invalid_argument("comm", f"a CommModel with one host per device "
                              f"({len(devices)})", self.comm.hosts)
+    object.__setattr__(self, "step_overhead_us", checked_overheads(
+        "step_overhead_us", self.step_overhead_us))
+
+  def step_overhead(self, devices_used: int) -> float:
+    """What a step on `devices_used` devices costs beyond its ops
+    (`step_overhead_us`, extended as `overhead_at` does).
+
+    >>> Cluster.uniform(3, step_overhead_us=(10.0, 15.0)).step_overhead(3)
+    20.0
+    """
+    return overhead_at(self.step_overhead_us, devices_used)
 
   def __len__(self) -> int:
     return len(self.devices)
@@ -182,7 +236,8 @@ class Cluster:
   def uniform(cls, num_devices: int, memory_bytes: int | None = None, *,
               device_type: str = "GPU", comm: CommModel | None = None,
               names: Sequence[str] | None = None,
-              sharing: ComputeSharing | None = None) -> "Cluster":
+              sharing: ComputeSharing | None = None,
+              step_overhead_us: Sequence[float] = ()) -> "Cluster":
     """`num_devices` identical devices named /device:<type>:i by default."""
     check_positive_int("num_devices", num_devices)
     if names is not None and len(names) != num_devices:
@@ -190,4 +245,4 @@ class Cluster:
                              names)
     names = names or [f"/device:{device_type}:{i}" for i in range(num_devices)]
     return cls(tuple(Device(n, device_type, memory_bytes) for n in names),
-               comm or CommModel(), sharing)
+               comm or CommModel(), sharing, step_overhead_us)

@@ -83,9 +83,10 @@ class HookReport:
   placer: str | None = None
   predicted_us: float | None = None
   single_device_us: float | None = None
-  # Of predicted_us (and single_device_us), what the runtime's step costs
-  # beyond the simulated ops: the calibrated dispatch to the server tasks
-  # used and the batch's feed (Calibration.step_overhead_us); 0 elsewhere.
+  # Of predicted_us, what the runtime's step costs beyond the simulated ops
+  # and transfers: the calibrated dispatch to the server tasks used
+  # (Cluster.step_overhead, in the plan's makespan) and the batch's feed
+  # (Calibration.feed_us); 0 elsewhere.
   step_overhead_us: float = 0.0
   peak_bytes: tuple[int, ...] = ()
   devices_used: tuple[str, ...] = ()
@@ -291,7 +292,7 @@ class _OptimizedTrainFunction:
     # Before any move: the captured tf.Variables identify the Keras ones.
     variables = self._variables_by_name(step)
     if plan is not None:
-      self._report_plan(report, plan, graph, step, ctx.costs)
+      self._report_plan(report, plan, graph, step, ctx.costs, ctx.cluster)
       if "selection" in ctx.results:
         report.selection = ctx.results["selection"].table()
       # Checked: the model's own variables now follow the plan.
@@ -325,7 +326,10 @@ class _OptimizedTrainFunction:
       png = summaries.png_of(lambda path: draw_gantt(
           report.plan.schedule, path, device_names=self.devices,
           title=f"placed step ({report.placer}): predicted "
-                f"{report.predicted_us / 1e3:.2f} ms"))
+                f"{report.predicted_us / 1e3:.2f} ms" + (
+                    f", of which {report.step_overhead_us / 1e3:.2f} ms "
+                    f"dispatch and feed (not drawn)"
+                    if report.step_overhead_us else "")))
       if png is not None:
         writer.write_image("compile/gantt", png, step)
     writer.flush()
@@ -382,18 +386,21 @@ class _OptimizedTrainFunction:
     """The session target for a graph placed on tasks of a cluster."""
     return self.where.target_of(graph_def) if self.where is not None else ""
 
-  def _report_plan(self, report, plan, graph, step, costs) -> None:
+  def _report_plan(self, report, plan, graph, step, costs, cluster) -> None:
     from tfopt.compile_placement import placement_summary  # pylint: disable=g-import-not-at-top
     report.placer = plan.placer
     report.plan = plan
     report.peak_bytes = tuple(plan.schedule.peak_bytes)
     report.devices_used = tuple(sorted({n.device for n in graph.node
                                         if n.device}))
-    report.step_overhead_us = self._step_overhead_us(report.devices_used,
-                                                     step)
-    report.predicted_us = plan.makespan_us + report.step_overhead_us
-    report.single_device_us = plan.single_device_us + (
-        self._step_overhead_us(report.devices_used[:1], step))
+    # The plan's makespan holds the cluster's step overhead for the devices
+    # it uses (Cluster.step_overhead: the calibrated dispatch to server
+    # tasks); the batch's feed is the same for every plan.
+    feed = self._feed_us(step)
+    report.step_overhead_us = feed + cluster.step_overhead(
+        len(set(plan.placement.values())))
+    report.predicted_us = plan.makespan_us + feed
+    report.single_device_us = plan.single_device_us + feed
     summary = placement_summary(plan, graph, step.variables)
     report.variable_bytes = summary["variable_bytes"]
     report.costs_source = getattr(costs, "source", "")
@@ -406,18 +413,14 @@ class _OptimizedTrainFunction:
         "not calibrated: Baechi's PCIe-like link, devices computing apart "
         "(tfopt-calibrate fits this machine's)")
 
-  def _step_overhead_us(self, devices, step) -> float:
-    """What a step on `devices` costs beyond its simulated ops where
-    they are server tasks this process drives and the calibration
-    measured it (`Calibration.step_overhead_us`: the dispatch to each
-    task used, the batch fed from here); 0 otherwise."""
-    if self.calibration is None or not self.calibration.dispatch_us or \
-        self.where is None or not self.where.remote:
+  def _feed_us(self, step) -> float:
+    """The batch's feed from this process to server tasks, at the
+    calibration's measured rate (`Calibration.feed_us`); 0 for devices of
+    this process or without one."""
+    if self.calibration is None or self.where is None or \
+        not self.where.remote:
       return 0.0
-    from tfopt.runtime.remote import task_of  # pylint: disable=g-import-not-at-top
-    tasks = {task_of(d) for d in devices}
-    return self.calibration.step_overhead_us(
-        max(1, len(tasks)), feed_bytes=step.input_bytes())
+    return self.calibration.feed_us(step.input_bytes())
 
   def _cluster(self):
     """The devices as a Cluster (`PlacementDevices.cluster`)."""

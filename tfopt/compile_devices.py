@@ -71,17 +71,25 @@ class PlacementDevices:
     (a placer keeps CPU-only ops off GPUs), the cap on each, CPU devices of
     this process sharing buffers, and the calibration's link and core
     sharing where one is given (a calibration across hosts: its two
-    links, by the host each task's address names)."""
+    links, by the host each task's address names). On tasks of a cluster,
+    one device each, the calibration's step dispatch from this process
+    (`Calibration.dispatch_us`) is the cluster's step overhead: the
+    placers weigh it when they spread a plan."""
     from tfopt.cluster import Cluster, Device  # pylint: disable=g-import-not-at-top
     from tfopt.cost.comm import CommModel  # pylint: disable=g-import-not-at-top
-    from tfopt.runtime.remote import device_type, task_hosts  # pylint: disable=g-import-not-at-top
+    from tfopt.runtime.remote import device_type, task_hosts, task_of  # pylint: disable=g-import-not-at-top
     devices = tuple(Device(d, device_type(d), memory_per_device)
                     for d in self.names)
     cluster = Cluster(devices, CommModel(shared_buffers=self.in_process_cpus))
     if calibration is None:
       return cluster
     hosts = task_hosts(self.spec, self.names) if self.remote else None
-    return calibration.applied_to(cluster, hosts)
+    cluster = calibration.applied_to(cluster, hosts)
+    tasks = [task_of(d) for d in self.names]
+    if self.remote and None not in tasks and len(set(tasks)) == len(tasks):
+      cluster = dataclasses.replace(
+          cluster, step_overhead_us=calibration.dispatch_us)
+    return cluster
 
 
 def check_placement_devices(devices, cluster, pins) -> PlacementDevices:

@@ -376,3 +376,23 @@ def test_gnmt_on_two_devices_at_035_is_proven_infeasible(costgraph_files):
     place(cg.graph, Cluster.uniform(2, int(0.35 * total)), cg.costs)
   result = place(cg.graph, Cluster.uniform(2, int(0.40 * total)), cg.costs)
   assert result.schedule.feasible
+
+
+@pytest.mark.parametrize("overheads, spread", [((), True), ((1.0, 5.0), True),
+                                                ((1.0, 15.0), False)])
+def test_auto_weighs_the_step_overhead_of_spreading(overheads, spread):
+  # Two independent 10 us ops, free links: spread they take 10 us plus the
+  # overhead of two devices, on one 20 us plus that of one. The bound
+  # holds the least overhead any plan pays.
+  g = OpGraph([Op("a", "X"), Op("b", "X")], [])
+  cluster = Cluster.uniform(2, comm=FREE, step_overhead_us=overheads)
+  result = place(g, cluster, {"a": 10.0, "b": 10.0})
+  used = len(set(result.placement.values()))
+  assert used == (2 if spread else 1)
+  least = min(overheads, default=0.0)
+  assert result.single_device_us == 20.0 + (overheads[0] if overheads
+                                             else 0.0)
+  assert result.makespan_us == (10.0 + (overheads[1] if overheads else 0.0)
+                                if spread else 21.0)
+  assert result.lower_bound_us == 10.0 + least
+  assert result.lower_bound_us <= result.makespan_us

@@ -281,15 +281,18 @@ def test_a_model_placed_across_two_hosts_trains_as_keras(tmp_path):
   dispatch = made["dispatch_us"]
   assert len(dispatch) == 4 and all(t > 0 for t in dispatch), made
   assert dispatch[-1] > dispatch[0], made
-  assert 0.02 < made["feed_gbps"] < 0.19, made
-  # The prediction: the simulated plan plus that step's dispatch to the
-  # tasks it uses and 32 x 256 float32 + 32 int32 labels fed at feed_gbps.
-  tasks = len(out["devices_used"])
-  expected = dispatch[tasks - 1] + (32 * 256 * 4 + 32 * 4) / (
-      made["feed_gbps"] * 1e3)
-  assert out["step_overhead_us"] == pytest.approx(expected, rel=1e-9)
-  assert out["predicted_us"] == pytest.approx(
-      out["makespan_us"] + expected, rel=1e-9)
+  # (the fit can come out a little above 0.125: tbf's bucket of 1 ms)
+  assert 0.02 < made["feed_gbps"] < 0.16, made
+  # The prediction: the simulated plan, whose makespan holds the dispatch
+  # to the tasks it uses, plus 32 x 256 float32 + 32 int32 labels fed at
+  # feed_gbps.
+  tasks = len({d.split("/device:")[0] for d in out["devices_used"]})
+  feed = (32 * 256 * 4 + 32 * 4) / (made["feed_gbps"] * 1e3)
+  assert out["step_overhead_us"] == pytest.approx(dispatch[tasks - 1] + feed,
+                                                  rel=1e-9)
+  assert out["predicted_us"] == pytest.approx(out["makespan_us"] + feed,
+                                              rel=1e-9)
+  assert out["makespan_us"] > dispatch[tasks - 1]
   assert "dispatch and feed" in out["table"], out["table"]
   np.testing.assert_allclose(out["placed"], out["plain"], rtol=1e-5)
   hosts_used = {hosts.host_of(int(d.split("task:")[1].split("/")[0]))

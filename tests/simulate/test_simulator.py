@@ -390,3 +390,23 @@ def test_timing_pass_then_memory_pass_equals_simulate(seed):
   timing = simulate_timing(g, plan, costs, cluster)
   assert timing.makespan_us == whole.makespan_us
   assert timing.schedule() == whole
+
+
+def test_the_step_overhead_of_the_devices_used_is_added():
+  # Two independent 10 us ops: on one device 20 us + the overhead of one;
+  # on two 10 us + the overhead of two; beyond the table, its last step.
+  g = _graph("ab", [])
+  costs = {"a": 10.0, "b": 10.0}
+  cluster = Cluster.uniform(3, comm=COMM, step_overhead_us=(1.0, 8.0))
+  assert simulate(g, _place({"a": 0, "b": 0}, 3), costs,
+                  cluster).makespan_us == 21.0
+  assert simulate(g, _place({"a": 0, "b": 2}, 3), costs,
+                  cluster).makespan_us == 18.0
+  assert cluster.step_overhead(3) == 15.0
+  # The ops' times are not moved by it: it is the runtime's, after them.
+  split = simulate(g, _place({"a": 0, "b": 2}, 3), costs, cluster)
+  assert split.end_us == {"a": 10.0, "b": 10.0}
+  for bad in ((1.0, -2.0), (float("inf"),), 5.0):
+    with pytest.raises(ValueError, match="Argument `step_overhead_us` must "
+                       "be a sequence of finite times >= 0"):
+      Cluster.uniform(2, step_overhead_us=bad)

@@ -68,14 +68,21 @@ class CapturedStep:
   gradients: tuple[tuple[str, str], ...] = ()
 
   def input_bytes(self) -> int:
-    """The bytes of one batch of the step's inputs (strings and other
-    unsized inputs count 0; an unknown dimension other than the batch
-    counts 1)."""
+    """The bytes of one batch of the step's inputs: an unknown first
+    dimension is the batch size, another unknown dimension counts 1;
+    strings and other unsized inputs count 0.
+
+    >>> step = CapturedStep(None, None, ("x",), (tf.TensorSpec(
+    ...     [None, None, 8], tf.float32),), (), (), {}, batch_size=32)
+    >>> step.input_bytes()  # 32 x 1 x 8 float32
+    1024
+    """
     total = 0
     for spec in self.input_specs:
-      shape = [self.batch_size if d is None else d for d in spec.shape]
-      total += int(np.prod([d or 1 for d in shape])) * _dtype_size(
-          spec.dtype)
+      dims = list(spec.shape)
+      shape = [((self.batch_size or 1) if i == 0 else 1) if d is None else d
+               for i, d in enumerate(dims)]
+      total += int(np.prod(shape, dtype=np.int64)) * _dtype_size(spec.dtype)
     return total
 
   def sample_inputs(self, seed: int = 0) -> list[np.ndarray]:

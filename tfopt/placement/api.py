@@ -653,7 +653,8 @@ def plan_lower_bound(problem: PlacementProblem,
   device, or one group of devices sharing cores, has to do at the fastest
   its cores allow, and the longest path when each edge between devices
   costs its transfer (messages for control edges where the CommModel sends
-  them), without waiting for channels."""
+  them), without waiting for channels; plus the cluster's step overhead
+  for the devices it uses, as the simulator adds it."""
   graph, costs, cluster = problem.graph, problem.costs, problem.cluster
   comm = cluster.comm
   overhead = [d.op_overhead_us for d in cluster.devices]
@@ -675,8 +676,12 @@ def plan_lower_bound(problem: PlacementProblem,
     work = costs[name].compute_us + overhead[d]
     finish[name] = begin + work
     busy[d] += work
-  return max(_busiest_us(busy, cluster.sharing),
-             max(finish.values(), default=0.0))
+  ops_us = max(_busiest_us(busy, cluster.sharing),
+               max(finish.values(), default=0.0))
+  if not cluster.step_overhead_us or not problem.order:
+    return ops_us
+  return ops_us + cluster.step_overhead(
+      len({placement[name] for name in problem.order}))
 
 
 def _busiest_us(busy: list[float], sharing) -> float:

@@ -33,6 +33,10 @@ simulator's model, for the groups it holds):
     the outputs v allocates (a view's or a possible forward's excepted).
     A training graph's probe near the loss holds every activation that a
     layer keeps for its own backward op.
+Each term adds the smallest step overhead the cluster charges a plan
+(`Cluster.step_overhead`, over every count of devices), which the
+simulator adds to every makespan.
+
 A tensor is counted only where it allocates (views share a buffer), and
 two counted tensors never share a buffer: a forward into a counted
 tensor's buffer would need that tensor's readers done before the
@@ -156,6 +160,13 @@ def makespan_bound(problem: PlacementProblem, *,
   lp, note = _memory_lp(problem, data, float(time_limit_s))
   if isinstance(lp, float):
     terms[MEMORY_LP] = lp
+  # Every plan pays the step overhead of the devices it uses, at least
+  # the smallest the cluster charges.
+  overheads = problem.cluster.step_overhead_us
+  if overheads:
+    least = min(problem.cluster.step_overhead(k)
+                for k in range(1, len(problem.cluster) + 1))
+    terms = {name: value + least for name, value in terms.items()}
   best = max(terms.values())
   term = next(name for name in TERMS if name in terms and
               terms[name] >= best - _TIE * abs(best))

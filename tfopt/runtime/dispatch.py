@@ -3,26 +3,31 @@
 `tfopt.compile` trains on server tasks through this process's eager
 runtime (`tfopt.runtime.remote.connect`): each step, the client sends the
 step's function to every task it uses, feeds the batch from its own
-memory to the task that consumes it, and waits for the replies. None of
-that is an op of the step's graph, so the simulator's makespan leaves it
-out. Measured on LocalHosts (2 hosts x 2 pinned tasks, 1 Gbit/s): a step
-of one trivial op per task took 1.2 ms on one task and 2.1-3.4 ms on four;
-a 32 kB batch fed to the first task added 0.5-0.9 ms at 1 Gbit/s and
-2.6-3.3 ms at 100 Mbit/s; the placed MLP's step was 3.4-3.9 ms above its
-simulated makespan at both rates.
+memory to the task that consumes it, waits for the replies and fetches
+the loss. None of that is an op of the step's graph, so the simulator's
+ops and transfers leave it out: on LocalHosts (2 hosts x 2 pinned tasks)
+the placed MLP's step was 4-7 ms above its simulated ops before this was
+measured (docs/scale.md).
 
-`measure_dispatch(spec, names)` measures both on a running cluster:
+`measure_dispatch(spec, names)` measures it on a running cluster:
 
 - **Dispatch**: a `tf.function` with one trivial op (a variable's
-  increment) on each of the first k tasks, for k = 1..N, taking a 4-byte
-  argument from the client: the median call time per k. The rounds
-  alternate the counts (this machine's speed drifts within seconds) and
-  each count's time is the median over the rounds' medians.
-- **Feed**: the same one-task function fed tensors of `feed_sizes` bytes
+  increment) on each of the first k tasks, for k = 1..N, fed a 4-byte
+  tensor from the client on the first task and returning a value read on
+  the last, fetched here: the median call time per k. The rounds
+  alternate the order of the counts (this machine's speed drifts within
+  seconds); each count's time is the median over the rounds' medians.
+- **Feed**: the one-task function fed tensors of `feed_sizes` bytes
   instead, each timed in pairs against the 4-byte call
   (`paired_difference_us`); the feed's bandwidth is the least-squares
   slope through the origin (`feed_bandwidth_gbps`; the latency is in the
-  dispatch already).
+  dispatch already). It is measured into the first task only: where the
+  hosts' links differ, a batch consumed on another host crosses that
+  host's link instead.
+
+`tfopt.compile` charges a plan the dispatch of the tasks it uses
+(`Cluster.step_overhead_us`, in the simulated makespan, so the placers
+weigh it) and the batch at the feed's rate.
 
 It connects this process's eager runtime to `spec` (once per process, as
 `tfopt.compile` does): run it in the process that will train, or in a
@@ -76,9 +81,10 @@ def measure_dispatch(spec: Any, names: Sequence[str], *,
   names = list(names)
   if not names:
     raise invalid_argument("names", "at least one task's device", names)
-  if any(isinstance(s, bool) or not isinstance(s, int) or s < 4
+  if any(isinstance(s, bool) or not isinstance(s, int) or s < 4 or s % 4
          for s in feed_sizes):
-    raise invalid_argument("feed_sizes", "byte counts >= 4", feed_sizes)
+    raise invalid_argument("feed_sizes", "byte counts >= 4, multiples of 4 "
+                           "(float32 elements)", feed_sizes)
   remote.connect(spec)
   counters = []
   for name in names:
@@ -87,14 +93,20 @@ def measure_dispatch(spec: Any, names: Sequence[str], *,
                                   name="dispatch_counter"))
 
   def step_on(k: int):
-    @tf.function
+    # One signature for every feed size: a size is not a new trace.
+    @tf.function(input_signature=[tf.TensorSpec([None], tf.float32)])
     def step(fed):
       for i in range(k):
         with tf.device(names[i]):
           # The fed tensor goes to the first task, as a batch does.
           counters[i].assign_add(fed[0] if i == 0 else 1.0)
-      return tf.constant(0.0)
-    return step
+      with tf.device(names[k - 1]):
+        # A value comes back from a task, as the step's loss does.
+        return counters[k - 1].read_value()
+
+    def call(fed):
+      return step(fed).numpy()  # waits for it here, as Keras' logs do
+    return call
 
   steps = [step_on(k) for k in range(1, len(names) + 1)]
   small = tf.constant(np.zeros([1], np.float32))
@@ -102,17 +114,21 @@ def measure_dispatch(spec: Any, names: Sequence[str], *,
     step(small)
     step(small)
   medians: list[list[float]] = [[] for _ in steps]
-  for _ in range(rounds):
-    for k, step in enumerate(steps):
+  for r in range(rounds):
+    # Every other round the other way round: a drift does not favour the
+    # counts timed first.
+    for k in (range(len(steps)) if r % 2 == 0 else
+              reversed(range(len(steps)))):
       times = []
       for _ in range(calls):
         began = time.perf_counter()
-        step(small)
+        steps[k](small)
         times.append(time.perf_counter() - began)
       medians[k].append(statistics.median(times) * 1e6)
   points = []
   for size in feed_sizes:
     fed = tf.constant(np.zeros([size // 4], np.float32))
+    steps[0](fed)
     steps[0](fed)
     points.append((int(size), max(0.0, paired_difference_us(
         lambda f=fed: steps[0](f), lambda: steps[0](small), rounds))))

@@ -214,7 +214,11 @@ def task_hosts(spec: Mapping[str, list[str]], devices) -> list[str]:
 
 
 def task_of(device: str) -> tuple[str, int] | None:
-  """(job, task) of a task's device string; None for this process's."""
+  """(job, task) of a task's device string; None for this process's.
+
+  >>> task_of("/job:worker/task:1/device:CPU:0"), task_of("/device:CPU:0")
+  (('worker', 1), None)
+  """
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
   if not is_remote(device):
     return None

@@ -60,6 +60,10 @@ Memory model (liveness, training-aware):
     persistent memory already charged; an element-wise op writes into a
     same-sized input whose other readers all finished before it started.
   At equal times, frees are applied before allocations.
+
+The makespan is the last op's or transfer's end, plus the cluster's step
+overhead for the number of devices the plan uses (`Cluster.step_overhead`:
+a runtime's dispatch to them, measured; none by default).
 """
 
 from __future__ import annotations
@@ -193,6 +197,8 @@ def simulate_timing(graph: OpGraph,
   makespan = max(timeline.end.values(), default=0.0)
   if timeline.transfers:
     makespan = max(makespan, max(t.end_us for t in timeline.transfers))
+  if cluster.step_overhead_us and timeline.device:
+    makespan += cluster.step_overhead(len(set(timeline.device.values())))
   return Timing(makespan, graph, timeline, op_cost, cluster)
 
 
