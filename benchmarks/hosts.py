@@ -165,12 +165,12 @@ def main(argv):
     for rate in FLAGS.rates:
       out["placement"].append(_placement_row(rate))
       bar.add(1)
-    print(f"\n{'rate':<9}{'placer':<18}{'simulated':>10}{'+ dispatch':>11}"
+    print(f"\n{'rate':<9}{'placer':<18}{'simulated':>10}{'+ disp+feed':>12}"
           f"{'predicted ms':>13}{'measured ms':>12}"
           f"{'meas/pred':>10}{'tensors x':>10}{'kB x':>8}{'loss diff':>10}")
     for r in out["placement"]:
       print(f"{r['rate']:<9}{r['placer']:<18}{r['simulated_ms']:>10.1f}"
-            f"{r['dispatch_ms']:>11.1f}{r['predicted_ms']:>13.1f}"
+            f"{r['dispatch_ms']:>12.1f}{r['predicted_ms']:>13.1f}"
             f"{r['measured_ms']:>12.1f}{r['measured_over_predicted']:>10.2f}"
             f"{r['tensors_across_hosts']:>10}"
             f"{r['bytes_across_hosts'] / 1e3:>8.0f}"

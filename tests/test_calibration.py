@@ -197,12 +197,15 @@ def test_the_step_dispatch_and_feed_round_trip_and_add_up(tmp_path):
   del doc["dispatch_us"], doc["feed_gbps"]
   older = cal.from_json(doc)
   assert older.dispatch_us == () and older.step_overhead_us(4, 10**6) == 0.0
-  for bad in ((1.0, -1.0), ("1",), (True,), 3):
-    with pytest.raises(ValueError, match="Argument `dispatch_us` must be "):
+  for bad in ((1.0, -1.0), ("1",), (True,), 3, "12", {1.0}):
+    with pytest.raises(ValueError, match="Argument `dispatch_us` must be a "
+                       "list or tuple of finite times >= 0 \\(microseconds"
+                       "\\), one per count of tasks"):
       _calibration(dispatch_us=bad)
-  with pytest.raises(ValueError, match="Argument `feed_gbps` must be a "
-                     "number > 0 or None. Received: feed_gbps=0"):
-    _calibration(feed_gbps=0)
+  for bad in (0, float("inf")):
+    with pytest.raises(ValueError, match="Argument `feed_gbps` must be a "
+                       "finite number > 0 or None. Received: feed_gbps="):
+      _calibration(feed_gbps=bad)
   with pytest.raises(ValueError, match="Argument `tasks` must be"):
     made.step_overhead_us(0)
   with pytest.raises(ValueError, match="Argument `feed_bytes` must be an "

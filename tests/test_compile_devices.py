@@ -84,3 +84,33 @@ def test_tasks_of_a_cluster_carry_the_calibrated_step_dispatch():
   assert one_task.cluster(10**6, made).step_overhead_us == ()
   local = PlacementDevices(("/device:CPU:0",), None, {}, True)
   assert local.cluster(10**6, made).step_overhead_us == ()
+
+
+def test_the_dispatch_the_cluster_cannot_carry_is_counted_by_task():
+  """Several devices of one task, or this process's devices beside tasks:
+  the cluster (which counts devices) carries no step overhead, and the
+  prediction adds the calibrated dispatch of the tasks used instead."""
+  import types  # pylint: disable=import-outside-toplevel
+  from tfopt import Cluster  # pylint: disable=import-outside-toplevel
+  from tfopt import calibration as cal  # pylint: disable=import-outside-toplevel
+  from tfopt.compile import _OptimizedTrainFunction  # pylint: disable=import-outside-toplevel
+  from tfopt.cost import Link  # pylint: disable=import-outside-toplevel
+  made = cal.Calibration(kind="processes", num_devices=2, link=Link(),
+                         control_messages=True, capacity=1.0, shared=True,
+                         dispatch_us=(1200.0, 1700.0))
+  spec = {"worker": ["10.0.0.1:2222", "10.0.0.2:2222"]}
+  names = ("/job:worker/task:0/device:CPU:0", "/job:worker/task:0/device:CPU:1",
+           "/job:worker/task:1/device:CPU:0", "/job:localhost/device:CPU:0")
+  hook = types.SimpleNamespace(calibration=made, where=PlacementDevices(
+      names, spec, {}, False))
+  outside = _OptimizedTrainFunction._dispatch_outside_plan_us
+  plain = Cluster.uniform(4)
+  # Two devices of task 0: one task; with task 1: two; the client's own
+  # device is no task.
+  assert outside(hook, names[:2], plain) == 1200.0
+  assert outside(hook, names[:3], plain) == 1700.0
+  assert outside(hook, names, plain) == 1700.0
+  assert outside(hook, names[3:], plain) == 0.0
+  # Where the cluster carries it, the makespan holds it: nothing more.
+  carried = Cluster.uniform(4, step_overhead_us=(1200.0, 1700.0))
+  assert outside(hook, names, carried) == 0.0

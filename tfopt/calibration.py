@@ -153,12 +153,12 @@ class Calibration:
       raise invalid_argument("hosts_capacity", "a number in [1, 2] or None",
                              self.hosts_capacity)
     object.__setattr__(self, "dispatch_us", checked_overheads(
-        "dispatch_us", self.dispatch_us))
+        "dispatch_us", self.dispatch_us, per="task"))
     if self.feed_gbps is not None and (
         isinstance(self.feed_gbps, bool) or
         not isinstance(self.feed_gbps, (int, float)) or
         not 0 < self.feed_gbps < float("inf")):
-      raise invalid_argument("feed_gbps", "a number > 0 or None",
+      raise invalid_argument("feed_gbps", "a finite number > 0 or None",
                              self.feed_gbps)
 
   # -- What it means for a cluster --
@@ -238,9 +238,11 @@ class Calibration:
     if hosts is not None and len(hosts) != len(cluster):
       raise invalid_argument("hosts", f"one host per device ({len(cluster)})",
                              hosts)
-    return Cluster(tuple(dataclasses.replace(
+    # replace: what else the cluster carries (its step overhead) stays.
+    return dataclasses.replace(cluster, devices=tuple(dataclasses.replace(
         d, op_overhead_us=self.op_overhead_us) for d in cluster.devices),
-                   self.comm(hosts), self.sharing(len(cluster), hosts))
+                               comm=self.comm(hosts),
+                               sharing=self.sharing(len(cluster), hosts))
 
   def step_overhead_us(self, tasks: int, feed_bytes: int = 0) -> float:
     """What a step on `tasks` server tasks costs beyond its simulated ops
@@ -259,18 +261,19 @@ class Calibration:
       return 0.0
     return overhead_at(self.dispatch_us, tasks) + self.feed_us(feed_bytes)
 
-  def feed_us(self, nbytes: int) -> float:
-    """`nbytes` of batch fed from this process at `feed_gbps` (0 where
+  def feed_us(self, feed_bytes: int) -> float:
+    """`feed_bytes` of batch fed from this process at `feed_gbps` (0 where
     not measured).
 
     >>> Calibration("processes", 2, Link(), True, 1.0, True,
     ...             feed_gbps=0.1).feed_us(10_000)
     100.0
     """
-    if isinstance(nbytes, bool) or not isinstance(
-        nbytes, numbers.Integral) or nbytes < 0:
-      raise invalid_argument("feed_bytes", "an integer >= 0", nbytes)
-    return int(nbytes) / (self.feed_gbps * 1e3) if self.feed_gbps else 0.0
+    if isinstance(feed_bytes, bool) or not isinstance(
+        feed_bytes, numbers.Integral) or feed_bytes < 0:
+      raise invalid_argument("feed_bytes", "an integer >= 0", feed_bytes)
+    return (int(feed_bytes) / (self.feed_gbps * 1e3) if self.feed_gbps
+            else 0.0)
 
   # -- Age and provenance --
 

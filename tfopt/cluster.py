@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import numbers
 from typing import Sequence
 
 from tfopt._errors import (check_non_negative, check_positive_int,
@@ -21,19 +22,16 @@ from tfopt._errors import (check_non_negative, check_positive_int,
 from tfopt.cost.comm import CommModel
 
 
-def checked_overheads(name: str, values) -> tuple[float, ...]:
-  """`values` as a tuple of floats >= 0, or the Keras-style error naming
-  `name`."""
-  try:
-    values = tuple(values)
-  except TypeError:
-    raise invalid_argument(name, "a sequence of finite times >= 0 "
-                           "(microseconds), one per count of devices",
-                           values) from None
-  if any(isinstance(t, bool) or not isinstance(t, (int, float)) or
-         not 0 <= t < math.inf for t in values):
-    raise invalid_argument(name, "a sequence of finite times >= 0 "
-                           "(microseconds), one per count of devices",
+def checked_overheads(name: str, values, per: str = "device"
+                      ) -> tuple[float, ...]:
+  """`values` (a list or tuple of finite times >= 0, one per count of
+  `per`s) as a tuple of floats, or the Keras-style error naming `name`."""
+  ok = (isinstance(values, (list, tuple)) and
+        all(isinstance(t, numbers.Real) and not isinstance(t, bool) and
+            0 <= t < math.inf for t in values))
+  if not ok:
+    raise invalid_argument(name, f"a list or tuple of finite times >= 0 "
+                           f"(microseconds), one per count of {per}s",
                            values)
   return tuple(float(t) for t in values)
 
@@ -223,6 +221,7 @@ class Cluster:
     >>> Cluster.uniform(3, step_overhead_us=(10.0, 15.0)).step_overhead(3)
     20.0
     """
+    check_positive_int("devices_used", devices_used)
     return overhead_at(self.step_overhead_us, devices_used)
 
   def __len__(self) -> int:

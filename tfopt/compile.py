@@ -397,10 +397,13 @@ class _OptimizedTrainFunction:
     # it uses (Cluster.step_overhead: the calibrated dispatch to server
     # tasks); the batch's feed is the same for every plan.
     feed = self._feed_us(step)
-    report.step_overhead_us = feed + cluster.step_overhead(
+    outside = self._dispatch_outside_plan_us(report.devices_used, cluster)
+    report.step_overhead_us = feed + outside + cluster.step_overhead(
         len(set(plan.placement.values())))
-    report.predicted_us = plan.makespan_us + feed
-    report.single_device_us = plan.single_device_us + feed
+    report.predicted_us = plan.makespan_us + feed + outside
+    report.single_device_us = plan.single_device_us + feed + (
+        self._dispatch_outside_plan_us(self.where.names[:1], cluster)
+        if self.where is not None else 0.0)
     summary = placement_summary(plan, graph, step.variables)
     report.variable_bytes = summary["variable_bytes"]
     report.costs_source = getattr(costs, "source", "")
@@ -412,6 +415,22 @@ class _OptimizedTrainFunction:
         self.calibration.describe() if self.calibration is not None else
         "not calibrated: Baechi's PCIe-like link, devices computing apart "
         "(tfopt-calibrate fits this machine's)")
+
+  def _dispatch_outside_plan_us(self, devices, cluster) -> float:
+    """The calibrated dispatch to the server tasks among `devices` where
+    the cluster could not carry it (`Cluster.step_overhead_us` counts
+    devices: several devices of one task, or devices of this process
+    beside tasks): added to the prediction, not weighed by the placers.
+    0 where the plan's makespan holds it or nothing was measured."""
+    if cluster.step_overhead_us or self.calibration is None or \
+        not self.calibration.dispatch_us or self.where is None or \
+        not self.where.remote:
+      return 0.0
+    from tfopt.cluster import overhead_at  # pylint: disable=g-import-not-at-top
+    from tfopt.runtime.remote import task_of  # pylint: disable=g-import-not-at-top
+    tasks = {t for t in map(task_of, devices) if t is not None}
+    return (overhead_at(self.calibration.dispatch_us, len(tasks)) if tasks
+            else 0.0)
 
   def _feed_us(self, step) -> float:
     """The batch's feed from this process to server tasks, at the

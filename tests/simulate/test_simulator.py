@@ -408,5 +408,5 @@ def test_the_step_overhead_of_the_devices_used_is_added():
   assert split.end_us == {"a": 10.0, "b": 10.0}
   for bad in ((1.0, -2.0), (float("inf"),), 5.0):
     with pytest.raises(ValueError, match="Argument `step_overhead_us` must "
-                       "be a sequence of finite times >= 0"):
+                       "be a list or tuple of finite times >= 0"):
       Cluster.uniform(2, step_overhead_us=bad)
