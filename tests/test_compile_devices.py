@@ -103,6 +103,8 @@ def test_the_dispatch_the_cluster_cannot_carry_is_counted_by_task():
            "/job:worker/task:1/device:CPU:0", "/job:localhost/device:CPU:0")
   hook = types.SimpleNamespace(calibration=made, where=PlacementDevices(
       names, spec, {}, False))
+  hook._task_calibration = lambda: _OptimizedTrainFunction._task_calibration(
+      hook)
   outside = _OptimizedTrainFunction._dispatch_outside_plan_us
   plain = Cluster.uniform(4)
   # Two devices of task 0: one task; with task 1: two; the client's own

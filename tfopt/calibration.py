@@ -256,10 +256,10 @@ class Calibration:
     (2000.0, 1100.0)
     """
     check_positive_int("tasks", tasks)
-    self.feed_us(feed_bytes)  # checks it
+    feed = self.feed_us(feed_bytes)  # checks feed_bytes
     if not self.dispatch_us:
       return 0.0
-    return overhead_at(self.dispatch_us, tasks) + self.feed_us(feed_bytes)
+    return overhead_at(self.dispatch_us, tasks) + feed
 
   def feed_us(self, feed_bytes: int) -> float:
     """`feed_bytes` of batch fed from this process at `feed_gbps` (0 where

@@ -416,30 +416,34 @@ class _OptimizedTrainFunction:
         "not calibrated: Baechi's PCIe-like link, devices computing apart "
         "(tfopt-calibrate fits this machine's)")
 
+  def _task_calibration(self):
+    """The calibration where the devices are server tasks this process
+    drives (what its dispatch and feed were measured for); else None."""
+    if self.calibration is None or self.where is None or \
+        not self.where.remote:
+      return None
+    return self.calibration
+
   def _dispatch_outside_plan_us(self, devices, cluster) -> float:
     """The calibrated dispatch to the server tasks among `devices` where
     the cluster could not carry it (`Cluster.step_overhead_us` counts
     devices: several devices of one task, or devices of this process
     beside tasks): added to the prediction, not weighed by the placers.
     0 where the plan's makespan holds it or nothing was measured."""
-    if cluster.step_overhead_us or self.calibration is None or \
-        not self.calibration.dispatch_us or self.where is None or \
-        not self.where.remote:
+    calibration = self._task_calibration()
+    if cluster.step_overhead_us or calibration is None:
       return 0.0
-    from tfopt.cluster import overhead_at  # pylint: disable=g-import-not-at-top
     from tfopt.runtime.remote import task_of  # pylint: disable=g-import-not-at-top
     tasks = {t for t in map(task_of, devices) if t is not None}
-    return (overhead_at(self.calibration.dispatch_us, len(tasks)) if tasks
-            else 0.0)
+    return calibration.step_overhead_us(len(tasks)) if tasks else 0.0
 
   def _feed_us(self, step) -> float:
     """The batch's feed from this process to server tasks, at the
     calibration's measured rate (`Calibration.feed_us`); 0 for devices of
     this process or without one."""
-    if self.calibration is None or self.where is None or \
-        not self.where.remote:
-      return 0.0
-    return self.calibration.feed_us(step.input_bytes())
+    calibration = self._task_calibration()
+    return 0.0 if calibration is None else calibration.feed_us(
+        step.input_bytes())
 
   def _cluster(self):
     """The devices as a Cluster (`PlacementDevices.cluster`)."""
