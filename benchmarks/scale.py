@@ -30,6 +30,19 @@
   (`tfopt.scale.hosts.LocalHosts`, 1 Gbit/s, needs root): worker 1's host
   partitioned (link down 8 s) and lost (its worker killed, link down as
   long) at step 25; the same columns, against a clean run on those hosts.
+- network_stragglers: on 2 hosts x 1 worker at 1 Gbit/s (needs root), an
+  800-step run of a wider MLP (--width=256) with worker 1's host's link
+  throttled to 100 and to 20 Mbit/s once it reached step 150, for 5 s,
+  then restored, and a run without a throttle: whether the launcher's
+  watch (`tfopt.scale.network.NetworkWatch`) named that host during the
+  attempt, how long after the throttle and the restore its slow period
+  began and ended (the restore: confirmed by a probe), the link rate
+  measured then, the probes and the false alarms among them (naming
+  nobody with no period open; each probe shares the links for 2 x 0.25 s
+  per host), and what the probe after the attempt named (nobody: the
+  link is back). The watch's cost: the median step time of the run
+  without a throttle with the watch and without it (`link_probe_s=None`),
+  alternating over WATCH_ROUNDS rounds, minimums compared.
 - stragglers: the same job (120 steps, phases exchanged every 10 steps)
   with no delay, +10 ms, +30 % and +100 ms of host time per step on
   worker 1, and +10 %, +30 % and +100 % of the healthy step time as real
@@ -59,13 +72,19 @@ flags.DEFINE_integer("repeats", 5, "Saves per method.")
 flags.DEFINE_integer("monitor_runs", 11, "Interleaved fit runs per arm.")
 flags.DEFINE_string("out", None, "JSON path (default: results/scale.json).")
 flags.DEFINE_list("parts", ["checkpoint", "monitoring", "faults",
-                            "network_faults",
+                            "network_faults", "network_stragglers",
                             "stragglers"], "Parts to run; the others are "
                   "kept from the existing JSON.")
 
 # How long a partition keeps a host cut off: past the heartbeat timeout
 # (5 s) of the fault matrix's watch.
 PARTITION_S = 8.0
+# network_stragglers: the run's length, and when and how long host 1's
+# link is throttled (a few NetworkWatch samples, a second apart, fall in it).
+THROTTLE_RUN_STEPS = 800
+THROTTLE_AT_STEP = 150
+THROTTLE_S = 5.0
+WATCH_ROUNDS = 2
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SCRIPT = os.path.join(ROOT, "experiments", "scale_train.py")
 
@@ -229,6 +248,102 @@ def network_faults_part():
                          partition_s=PARTITION_S)
 
 
+def network_stragglers_part():
+  """See the module doc: a link slow for a while, found during the
+  attempt; one run per throttle (None: no throttle)."""
+  from tfopt.scale.hosts import LocalHosts  # pylint: disable=import-outside-toplevel
+  root = tempfile.mkdtemp(prefix="tfopt-bench-network-")
+  rows = []
+  step_s = {"watched": [], "unwatched": []}
+  runs = [(None, arm) for _ in range(WATCH_ROUNDS)
+          for arm in ("unwatched", "watched")] + [("100mbit", "watched"),
+                                                  ("20mbit", "watched")]
+  with LocalHosts(2, 0, link_rate="1gbit") as hosts:
+    for i, (rate, arm) in enumerate(_progress(runs, "network stragglers")):
+      row = _throttled_run(hosts, rate, os.path.join(root, str(i)),
+                           watched=arm == "watched")
+      if rate is None:
+        step_s[arm].append(row.pop("median_step_s"))
+        if arm == "watched" and len(step_s[arm]) == 1:
+          rows.append(row)  # the false alarms of one run without throttle
+      else:
+        row.pop("median_step_s")
+        rows.append(row)
+  return {"rows": rows, "steps": THROTTLE_RUN_STEPS,
+          "throttle_at_step": THROTTLE_AT_STEP,
+          "throttle_s": THROTTLE_S, "link_rate": "1gbit",
+          "median_step_s": step_s,
+          "watch_step_ratio": min(step_s["watched"]) /
+                              min(step_s["unwatched"])}
+
+
+def _throttled_run(hosts, rate, run_dir, watched=True) -> dict:
+  """One run on `hosts` with host 1's link at `rate` for THROTTLE_S from
+  worker 0's heartbeat at THROTTLE_AT_STEP (None: untouched); without
+  `watched`, no link probes at all (link_probe_s=None)."""
+  import threading  # pylint: disable=import-outside-toplevel
+  from tfopt.scale import heartbeat  # pylint: disable=import-outside-toplevel
+  from tfopt.scale.launch import launch  # pylint: disable=import-outside-toplevel
+  marks = {}
+
+  def throttle():
+    beats = os.path.join(run_dir, "heartbeats")
+    while not marks.get("stop"):
+      beat = heartbeat.read(beats, 0)
+      if beat and beat["step"] >= THROTTLE_AT_STEP:
+        hosts.set_link_rate(1, rate)
+        marks["from"] = (time.time(), beat["step"])
+        time.sleep(THROTTLE_S)
+        hosts.set_link_rate(1, "1gbit")
+        marks["to"] = (time.time(), heartbeat.read(beats, 0)["step"])
+        return
+      time.sleep(0.05)
+
+  thread = threading.Thread(target=throttle, daemon=True)
+  if rate is not None:
+    thread.start()
+  began = time.time()
+  result = launch([SCRIPT, "--dropout=0", "--epochs=1",
+                   f"--steps_per_epoch={THROTTLE_RUN_STEPS}", "--width=256"],
+                  workers=2, hosts=hosts, run_dir=run_dir, max_restarts=0,
+                  link_probe_s=0.25 if watched else None)
+  marks["stop"] = True
+  if rate is not None:
+    thread.join(THROTTLE_S + 5)
+  (attempt,) = result.attempts
+  if not watched:
+    return {"median_step_s": attempt["median_step_s"]}
+  watch = attempt["network_watch"]
+  slow = watch["slow"]
+  start = attempt["started"]
+  row = {"throttle": rate or "none", "wall_s": time.time() - began,
+         "median_step_s": attempt["median_step_s"],
+         "named": [p["address"] for p in slow],
+         "probes": len(watch["probes"]),
+         "probed": [{"step": p["step"], "rtt_ms": p["rtt_ms"],
+                     "step_s": p["step_s"], "named": p["named"],
+                     "confirming": p["confirming"],
+                     "slowest_mbit": [None if "error" in (link or {"error": 0})
+                                      else min(link["down_bits"],
+                                               link["up_bits"]) / 1e6
+                                      for link in p["links"]]}
+                    for p in watch["probes"]],
+         "false_alarms": sum(not p["named"] and not p["confirming"]
+                             for p in watch["probes"]),
+         "after_attempt_named": attempt.get("network_stragglers"),
+         "throttled_at_step": marks.get("from", (None, None))[1],
+         "restored_at_step": marks.get("to", (None, None))[1]}
+  if slow and "from" in marks:
+    first = slow[0]
+    row.update(
+        from_step=first["from_step"], to_step=first["to_step"],
+        detected_s=first["from_s"] - (marks["from"][0] - start),
+        ended_s=(None if first["to_s"] is None else
+                 first["to_s"] - (marks["to"][0] - start)),
+        measured_mbit=min(first["down_bits"], first["up_bits"]) / 1e6)
+  return row
+
+
 def _fault_matrix(cases, title, **launch_kwargs):
   """Each (fault, worker) of `cases` against a clean run of the same job
   under the same launcher settings."""
@@ -355,6 +470,7 @@ def main(argv):
   out = FLAGS.out or os.path.join(RESULTS, "scale.json")
   parts = {"checkpoint": checkpoint_part, "monitoring": monitoring_part,
            "faults": faults_part, "network_faults": network_faults_part,
+           "network_stragglers": network_stragglers_part,
            "stragglers": stragglers_part}
   unknown = sorted(set(FLAGS.parts) - set(parts))
   if unknown:
@@ -405,6 +521,26 @@ def _print(result):
             f"{detected:>9s} {r['teardown_s']:10.2f} {r['restart_s']:9.2f} "
             f"{r['steps_lost']:4d} {r['steps_recomputed']:6d} "
             f"{r['final_loss_matches']}")
+  if result.get("network_stragglers"):
+    n = result["network_stragglers"]
+    print(f"a link slow for a while ({n['steps']} steps on 2 hosts at 1 "
+          f"Gbit/s; host 2 throttled at step {n['throttle_at_step']} for "
+          f"{n['throttle_s']} s):")
+    for r in n["rows"]:
+      found = (f"named {r['named']} at step {r['from_step']} "
+               f"({r['detected_s']:.1f} s after), over at step "
+               f"{r['to_step']} ({_f1(r['ended_s'])} s after the restore), "
+               f"measured {r['measured_mbit']:.1f} Mbit/s"
+               if "from_step" in r else f"named {r['named']}")
+      print(f"  {r['throttle']:>8s}: {found}; {r['probes']} probes, "
+            f"{r['false_alarms']} false alarm(s); after the attempt: "
+            f"{r['after_attempt_named']}")
+    watched, unwatched = (min(n["median_step_s"][arm])
+                          for arm in ("watched", "unwatched"))
+    print(f"  the watch's cost: median step {watched * 1e3:.2f} ms watched, "
+          f"{unwatched * 1e3:.2f} ms not "
+          f"(minimum of {len(n['median_step_s']['watched'])} runs each): "
+          f"{n['watch_step_ratio']:.3f}x")
   if result.get("stragglers"):
     print("straggler detection (worker 1 slowed, exchange every 10 of 120 "
           f"steps; healthy step "
@@ -417,6 +553,10 @@ def _print(result):
             f"{r['detection_rate']:.2f}, false "
             f"alarms {r['false_alarm_rate']:.2f}, first {first}, median "
             f"{r['median_late_ms']:.1f} ms late")
+
+
+def _f1(value) -> str:
+  return "-" if value is None else f"{value:.1f}"
 
 
 if __name__ == "__main__":

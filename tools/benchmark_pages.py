@@ -457,6 +457,42 @@ def _fault_rows(d: dict) -> list[list]:
   return rows
 
 
+def _network_straggler_parts(d: dict) -> list[str]:
+  """The text and table of scale.json's network_stragglers part (none
+  where the JSON has no such part)."""
+  n = d.get("network_stragglers")
+  if not n:
+    return []
+  rows = []
+  for r in n["rows"]:
+    found = "from_step" in r
+    rows.append([
+        r["throttle"], ", ".join(r["named"]) or "nobody",
+        f"step {r['from_step']} ({_f(r['detected_s'], 1, ' s')})"
+        if found else "--",
+        f"step {r['to_step']} ({_f(r['ended_s'], 1, ' s')})"
+        if found else "--",
+        _f(r.get("measured_mbit"), 1, " Mbit/s"), r["probes"],
+        r["false_alarms"], ", ".join(r["after_attempt_named"]) or "nobody"])
+  steps = n["median_step_s"]
+  return [
+      f"A link slow for a while: the job on 2 hosts at 1 Gbit/s "
+      f"(`--width=256`, {n['steps']} steps), worker 1's host's link "
+      f"throttled once it reached step {n['throttle_at_step']}, for "
+      f"{n['throttle_s']:g} s, then restored; the launcher's watch "
+      "(`tfopt.scale.network.NetworkWatch`: each host's TCP round-trip "
+      "time and the step time, sampled every second; the links probed "
+      "when they rise and again once they fall):",
+      _table(["throttle", "named during the attempt",
+              "slow from (after the throttle)", "to (after the restore)",
+              "its link then", "probes", "false alarms",
+              "named after the attempt"], rows, {5, 6}),
+      f"The watch's cost: median step {1e3 * min(steps['watched']):.2f} ms "
+      f"with it, {1e3 * min(steps['unwatched']):.2f} ms without "
+      f"(`link_probe_s=None`; the minimum of {len(steps['watched'])} "
+      f"alternating runs each): {n['watch_step_ratio']:.3f}x."]
+
+
 def scale_section() -> str:
   d = load("scale")
   ck, mon = d["checkpoint"], d["monitoring"]
@@ -514,6 +550,7 @@ def scale_section() -> str:
               "restart to first step", "steps lost or repeated",
               "steps recomputed", "final loss = unfaulted"],
              _fault_rows(d), {1, 3, 4, 5, 6, 7}),
+      *_network_straggler_parts(d),
       f"Stragglers: the same job, {st['steps']} steps, phases exchanged "
       f"every {st['exchange_every']} steps, a delay on worker 1 (healthy "
       f"step {st['healthy_step_ms']:.1f} ms):",

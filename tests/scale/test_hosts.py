@@ -212,6 +212,10 @@ def test_hosts_without_tasks_say_so_and_check_host_indices():
                        r"number of seconds in \(0, 10\]. Received: "
                        r"seconds=0"):
       hosts.measure_link(0, seconds=0)
+    # No connection on the host: no round-trip time to give.
+    assert hosts.tcp_rtt_ms(0) is None
+    with pytest.raises(ValueError, match="Argument `host`"):
+      hosts.tcp_rtt_ms(-1)
 
 
 @needs_hosts
@@ -436,6 +440,62 @@ def test_a_throttled_host_is_a_network_straggler_not_a_compute_one(
   assert reports and all(r["compute_stragglers"] == [] for r in reports), \
       reports
   assert "step 30" in done.stdout  # both workers' final records
+
+
+@needs_hosts
+@pytest.mark.slow
+@pytest.mark.serial  # timed links
+def test_a_link_slow_for_a_while_is_named_with_the_steps_it_was_slow_in(
+    tmp_path):
+  """Host 1's link throttled to 1/50 from step 150 for 5 s, then
+  restored, while the job trains: the launcher names host 1 during the
+  attempt (its link measured near the throttled rate then), from a step
+  after the throttle to one after it ended; the probe after the attempt,
+  with the link back, names nobody."""
+  import threading
+  from tfopt.scale import heartbeat
+  from tfopt.scale.launch import launch, summary
+  script = os.path.join(ROOT, "experiments", "scale_train.py")
+  run_dir = tmp_path / "run"
+  marks = {}
+
+  def throttle_for_a_while():
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline:
+      beat = heartbeat.read(str(run_dir / "heartbeats"), 0)
+      if beat and beat["step"] >= 150:
+        hosts.set_link_rate(1, "20mbit")
+        marks["from"] = beat["step"]
+        time.sleep(5.0)
+        hosts.set_link_rate(1, "1gbit")
+        marks["to"] = heartbeat.read(str(run_dir / "heartbeats"), 0)["step"]
+        return
+      time.sleep(0.05)
+
+  with LocalHosts(2, 0, link_rate="1gbit") as hosts:
+    thread = threading.Thread(target=throttle_for_a_while, daemon=True)
+    thread.start()
+    result = launch([script, "--dropout=0", "--epochs=1",
+                     "--steps_per_epoch=800", "--width=256"], workers=2,
+                    hosts=hosts, run_dir=run_dir, max_restarts=0,
+                    startup_timeout_s=240.0)
+    thread.join(10)
+  assert result.ok and set(marks) == {"from", "to"}, marks
+  (attempt,) = result.attempts
+  slow = attempt["network_watch"]["slow"]
+  assert [period["address"] for period in slow] == ["10.201.0.2"], \
+      attempt["network_watch"]
+  (period,) = slow
+  # Named after the throttle began, before it ended; over once it ended
+  # (the heartbeat's step lags the step trained by up to an interval).
+  assert marks["from"] <= period["from_step"] <= marks["to"], (marks, period)
+  assert period["to_step"] is not None and \
+      period["to_step"] >= marks["to"] - 50, (marks, period)
+  assert min(period["down_bits"], period["up_bits"]) < 0.05 * 1e9, period
+  assert attempt["network_stragglers"] == [], attempt["links"]
+  assert f"NETWORK STRAGGLER from step {period['from_step']} to step " \
+      f"{period['to_step']}" in summary(result)
+  assert result.trajectory()["steps"] == 800
 
 
 @needs_hosts

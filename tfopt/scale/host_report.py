@@ -14,7 +14,10 @@ records them) and gives each host:
   Python) or late inside them (compute), from the chief's final record;
 - `link` and `network_straggler`: the host's measured link rates after
   the attempt and whether they are far below the other hosts'
-  (`tfopt.scale.network`).
+  (`tfopt.scale.network`);
+- `slow_during`: the periods of the attempt in which its link was found
+  far slower than the others' while training (`NetworkWatch`'s `slow`
+  entries: from / to step, the rates measured then).
 
 `job_mfu(finals)` pools every worker. `host_lines(...)` is the text the
 launcher's summary prints; on one host it is the job's MFU line alone.
@@ -94,6 +97,7 @@ def host_report(record: dict, finals: dict) -> list[dict]:
   links = {link["address"]: link for link in record.get("links") or ()
            if link is not None}
   slow = set(record.get("network_stragglers") or ())
+  during = (record.get("network_watch") or {}).get("slow") or ()
   report = []
   for address in dict.fromkeys(addresses):
     workers = [w for w, a in enumerate(addresses) if a == address]
@@ -105,7 +109,8 @@ def host_report(record: dict, finals: dict) -> list[dict]:
         "compute_stragglers": [w for w in verdict.get("compute") or ()
                                if w in workers],
         "link": links.get(address),
-        "network_straggler": address in slow})
+        "network_straggler": address in slow,
+        "slow_during": [p for p in during if p["address"] == address]})
   return report
 
 
@@ -135,6 +140,12 @@ def _host_line(host: dict) -> str:
     if host[key]:
       parts.append(f"{what}: worker "
                    f"{','.join(str(w) for w in host[key])}")
+  for period in host.get("slow_during") or ():
+    until = ("the end" if period["to_step"] is None
+             else f"step {period['to_step']}")
+    parts.append(f"NETWORK STRAGGLER from step {period['from_step']} to "
+                 f"{until} (its link {period['down_bits'] / 1e6:.1f} Mbit/s "
+                 f"in, {period['up_bits'] / 1e6:.1f} Mbit/s out then)")
   if host["network_straggler"]:
     parts.append("NETWORK STRAGGLER (its link far slower than the other "
                  "hosts')")

@@ -53,6 +53,7 @@ from tfopt.cluster import Cluster
 from tfopt.cost.comm import CommModel, Link
 from tfopt.runtime import caps, netns
 from tfopt.runtime.processes import _check_cpus, stop_tasks
+from tfopt.scale import network
 
 # The latency `comm()` charges between hosts: the kernel's bridge and veth
 # hops (no netem here), a gRPC round trip's order of magnitude.
@@ -371,6 +372,20 @@ class LocalHosts:
         end.settimeout(_PROBE_TIMEOUT_S)
       return {"down_bits": _stream_rate(outside, inside, seconds),
               "up_bits": _stream_rate(inside, outside, seconds)}
+
+  def tcp_rtt_ms(self, host: int) -> float | None:
+    """The longest round trip (ms) of host `host`'s established TCP
+    connections to other hosts now, as `ss -ti` shows them
+    (`tfopt.scale.network.ss_rtts_ms`), or None without such a connection.
+    Bytes queueing at a link slower than the traffic raise it
+    (`tfopt.scale.network.NetworkWatch`). OSError where `ss` (iproute2) is
+    missing or fails."""
+    self.host_fd(host)  # checks `host`
+    if shutil.which("ss") is None:
+      raise OSError("the command ss is not installed (iproute2)")
+    rtts = network.ss_rtts_ms(
+        self._hosts[host].run("ss", "-tin", "state", "established"))
+    return max(rtts) if rtts else None
 
   # -------------------------------------------------------------- the tasks
 

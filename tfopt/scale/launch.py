@@ -236,6 +236,11 @@ class _Attempt:
     self.silent: dict[int, int] = {}
     self.probed_at = float("-inf")
     self.killed: set[int] = set()  # workers a kill_host fault killed
+    # On 2 or more hosts: the hosts' RTT, watched for a link slow during
+    # the attempt (tfopt.scale.network.NetworkWatch), and when last sampled.
+    self.network_watch = None
+    self.rtt_at = float("-inf")
+    self.beat_at: dict[int, tuple] = {}  # worker -> (time, step) sampled
 
   def start(self, ports) -> None:
     cfg = self.launcher
@@ -246,6 +251,11 @@ class _Attempt:
     self.record["ports"] = list(ports)
     self.record["addresses"] = [cfg.address_of(w) for w in range(len(ports))]
     self.record["started"] = time.time()
+    if cfg.hosts is not None and cfg.hosts.num_hosts >= 2 and \
+        cfg.link_probe_s is not None:
+      self.network_watch = network.NetworkWatch(cfg.hosts.addresses,
+                                        start=self.record["started"])
+      self.record["network_watch"] = self.network_watch.record()
     self.watch = hb.ProgressWatch(
         os.path.join(cfg.run_dir, "heartbeats"), cfg.workers,
         timeout_s=cfg.heartbeat_timeout_s, stuck_factor=cfg.stuck_factor,
@@ -335,6 +345,7 @@ class _Attempt:
       now = time.time()
       cfg.restore_links(now)
       self._probe_hosts(now)
+      self._watch_links(now)
       codes = [p.poll() for p in self.procs]
       running = [w for w, c in enumerate(codes) if c is None]
       assessment = self.watch.poll(now, running)
@@ -482,6 +493,43 @@ class _Attempt:
                            if self._host_silent(host) else 0)
       if self.silent[host] >= SILENT_PROBES:
         self.unanswered[host] = now
+
+  def _watch_links(self, now: float) -> None:
+    """Every RTT_EVERY_S on 2 or more hosts: each host's TCP round-trip
+    time and the step time into the attempt's NetworkWatch, and every
+    link probed right then when it asks (a link slow during the attempt, named with the step;
+    hosts whose link is down for a fault are left out). Where `ss` fails,
+    the record says why and the watch stops for the attempt."""
+    cfg, watch = self.launcher, self.network_watch
+    if watch is None or now - self.rtt_at < network.RTT_EVERY_S:
+      return
+    self.rtt_at = now
+    down = set(cfg.down_until)
+    try:
+      rtts = [None if h in down else cfg.hosts.tcp_rtt_ms(h)
+              for h in range(cfg.hosts.num_hosts)]
+    except OSError as err:  # a diagnosis never fails the job
+      self.record["network_watch"] = {"error": str(err)}
+      self.network_watch = None
+      return
+    step = self.record["last_step"]
+    if watch.sample(now, step, rtts, self._step_s()):
+      links = network.probe_links(cfg.hosts, cfg.link_probe_s, skip=down)
+      watch.probed(time.time(), step, rtts, links)
+
+  def _step_s(self) -> float | None:
+    """Seconds per step since the last sample, from the heartbeats' own
+    times and steps: the slowest worker's among those that progressed
+    (None: none did -- starting, validating, checkpointing, done)."""
+    rates = []
+    for w, beat in self.watch.beats.items():
+      if not beat:
+        continue
+      then = self.beat_at.get(w)
+      self.beat_at[w] = (beat["time"], beat["step"])
+      if then and beat["step"] > then[1] and beat["time"] > then[0]:
+        rates.append((beat["time"] - then[0]) / (beat["step"] - then[1]))
+    return max(rates) if rates else None
 
   def _host_silent(self, host: int) -> bool:
     cfg, ports = self.launcher, self.record["ports"] or []
@@ -852,7 +900,10 @@ def launch(command, workers: int, **kwargs) -> LaunchResult:
   starts once every link is back), link_probe_s (0.25: on 2 or more hosts,
   after each attempt, each host's link is measured this long each way and
   a host far slower than the others is named a network straggler,
-  `tfopt.scale.network`; None: no probes)."""
+  `tfopt.scale.network`; during the attempt the hosts' TCP round-trip
+  times and the step time are watched and the links probed as long when
+  they rise, a slow host named with the steps it was slow in,
+  `NetworkWatch`; None: no probes)."""
   return Launcher(command, workers, **kwargs).run()
 
 

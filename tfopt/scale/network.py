@@ -12,13 +12,27 @@ way between the host and a place on the fabric whose own link is not
 shaped (`LocalHosts.measure_link`) -- and `network_stragglers` names the
 hosts whose rate is far below the others'. The launcher probes after each
 attempt on `hosts`, when no training traffic shares the links: a throttle
-that lasts is found; one that came and went during the attempt is not.
+that lasts is found there.
+
+A throttle that comes and goes during an attempt is found by
+`NetworkWatch`: the launcher samples, about once a second, each host's
+TCP round-trip time (`ss`'s view of the host's connections,
+`LocalHosts.tcp_rtt_ms`) and the job's step time (from the heartbeats),
+and when the RTTs rise far above their level in the attempt -- bytes
+queueing at a link slower than the traffic -- or the step slows down
+far, probes every link right then (a throttled link measures at most its
+rate with the training's traffic beside it, a healthy one far more) and
+records who was slow, from which step, and from which step its link
+measured back. The RTT and the step time say *when* the network may be
+slow, not where: with two hosts every connection crosses both links, so
+every host's RTT rises; the probe says which.
 
 No TensorFlow and no NumPy here: the launcher imports this.
 """
 
 from __future__ import annotations
 
+import re
 import statistics
 
 from tfopt._errors import invalid_argument
@@ -26,6 +40,21 @@ from tfopt._errors import invalid_argument
 # A host is a network straggler when its link carries less than this
 # fraction of the median of the other hosts' links.
 SLOW_LINK_RATIO = 0.5
+# NetworkWatch: a host's RTT is raised when it is above RTT_JUMP x its level
+# and at least RTT_MIN_RISE_MS above it (a healthy link under a step's
+# burst of traffic: 0.05-3 ms here; one throttled to 1/50: 10-25 ms).
+RTT_JUMP = 4.0
+RTT_MIN_RISE_MS = 5.0
+# NetworkWatch: seconds between two probes of the links (each takes
+# 2 x link_probe_s per host and shares the links with the training).
+PROBE_COOLDOWN_S = 5.0
+# NetworkWatch: the step time is raised above STEP_JUMP x its level (a
+# link throttled to 1/10 made this job's step 3x slower; 1/50: 10x).
+STEP_JUMP = 2.0
+# The launcher samples each host's RTT this often (an `ss` run per host).
+RTT_EVERY_S = 1.0
+# `ss -ti`'s "name:value" fields (rtt:12.5/3.1, unacked:4, lastack:16).
+_SS_FIELD = re.compile(r"\b(rtt|unacked|lastack|lastsnd):([\d./]+)")
 
 
 def probe_links(hosts, seconds: float = 0.25, skip=()) -> list[dict | None]:
@@ -78,3 +107,197 @@ def network_stragglers(rates_bits, ratio: float = SLOW_LINK_RATIO
     if others and rate < ratio * statistics.median(others):
       slow.append(host)
   return sorted(slow, key=measured.get)
+
+
+def ss_rtts_ms(text: str, max_idle_ms: float = 2000.0) -> list[float]:
+  """Per TCP connection to another address in `ss -tin state established`
+  output, how long a round trip takes now (ms): its smoothed RTT, or, while
+  it waits for the acknowledgement of bytes sent (`unacked`), the time
+  since the last one (`lastack`) where that is longer -- a connection
+  stalled on a slow link stops producing RTT samples. Connections to the
+  host itself (127.x, ::1, its own address: its processes among
+  themselves, not its link) are skipped, and those with nothing
+  outstanding that sent nothing for more than `max_idle_ms` (`lastsnd`):
+  their RTT is as old as their last bytes.
+
+  >>> out = ("Recv-Q Send-Q Local Address:Port  Peer Address:Port\\n"
+  ...        "0  0  10.0.0.1:2222  10.0.0.2:4100\\n"
+  ...        "\\t cubic rto:204 rtt:12.5/3.1 mss:1448 lastsnd:40\\n"
+  ...        "0  0  10.0.0.1:2223  10.0.0.2:4102\\n"
+  ...        "\\t cubic rto:204 rtt:6.1/3.1 lastsnd:9000 lastack:9000\\n"
+  ...        "0  0  10.0.0.1:2224  10.0.0.3:4103\\n"
+  ...        "\\t cubic rto:408 rtt:3.0/1.0 lastsnd:900 lastack:900 "
+  ...        "unacked:12\\n"
+  ...        "0  0  [::ffff:10.0.0.1]:2222  [::ffff:10.0.0.1]:4101\\n"
+  ...        "\\t cubic rto:204 rtt:9.0/0.01 mss:1448 lastsnd:4\\n")
+  >>> ss_rtts_ms(out)
+  [12.5, 900.0]
+  """
+  delays, local, peer = [], None, None
+  for line in text.splitlines():
+    if not line.strip() or line.startswith("Recv-Q"):
+      continue
+    if not line[0].isspace():  # a connection: local, peer: columns 3, 4
+      columns = line.split()
+      local, peer = ((_address(columns[2]), _address(columns[3]))
+                     if len(columns) > 3 else (None, None))
+      continue
+    fields = dict(_SS_FIELD.findall(line))
+    if "rtt" not in fields or peer is None or peer == local or \
+        peer.startswith("127.") or peer == "::1":
+      continue
+    rtt = float(fields["rtt"].split("/")[0])
+    if float(fields.get("unacked", 0)) > 0:
+      delays.append(max(rtt, float(fields.get("lastack", 0))))
+    elif float(fields.get("lastsnd", 0)) <= max_idle_ms:
+      delays.append(rtt)
+  return delays
+
+
+def _address(column: str) -> str:
+  """The address of an `ss` column "addr:port" ("[::ffff:a.b.c.d]:port"
+  gives a.b.c.d)."""
+  host = column.rsplit(":", 1)[0].strip("[]")
+  return host[7:] if host.startswith("::ffff:") else host
+
+
+class NetworkWatch:
+  """Decides, from each host's TCP round-trip time and the job's step time
+  sampled during an attempt, when to probe the links, and keeps what the
+  probes found.
+
+  Per host the RTT *level* is the lowest RTT sampled in the attempt; a
+  host's RTT is *raised* above `jump` x its level and `min_rise_ms` above
+  it. The step *level* is the lowest seconds per step sampled (over a
+  sample's interval, while steps progress); the step time is raised above
+  `step_jump` x it. The network *looks slow* when two hosts' RTTs are
+  raised at once (one, where only one host was sampled) -- a slow link
+  delays both ends of the connections that cross it, while one host's RTT
+  alone rising is that host's own delay (a busy process acknowledging
+  late) -- or when the step time is raised: a link slow enough to slow
+  the step need not raise the RTT at the moments sampled (BBR paces,
+  and a step's bursts fall between samples), but it always slows the
+  step. A probe that names nobody, with nothing open, raises every level
+  to its value now (the network is busy, or the step slow for another
+  reason -- a compute straggler, a checkpoint: no probe again until it
+  rises further).
+
+  When the network looks slow and no slow period is open, `sample` asks
+  for a probe; `probed` takes its links and opens a slow period for each
+  host named (`network_stragglers`). While a period is open and the
+  network no longer looks slow, `sample` asks again, and a probe that
+  does not name the host any more ends its period (the signals may fall
+  while the link is still slow: the step's traffic changed). At most one
+  probe per `cooldown_s`.
+
+  `slow` lists the periods: {"address", "from_s", "from_step", "to_s",
+  "to_step" (None while open), "down_bits", "up_bits", "rtt_ms"} (times
+  from the watch's start); `probes` every probe: {"at_s", "step",
+  "rtt_ms", "step_s", "links", "named", "confirming" (a period was open:
+  the probe asked whether it is over)}; a probe that named nobody and
+  was not confirming is a false alarm.
+  """
+
+  def __init__(self, addresses, jump: float = RTT_JUMP,
+               min_rise_ms: float = RTT_MIN_RISE_MS,
+               step_jump: float = STEP_JUMP,
+               cooldown_s: float = PROBE_COOLDOWN_S, start: float = 0.0):
+    for name, value, low in (("jump", jump, 1.0),
+                             ("min_rise_ms", min_rise_ms, 0.0),
+                             ("step_jump", step_jump, 1.0),
+                             ("cooldown_s", cooldown_s, 0.0)):
+      if isinstance(value, bool) or not isinstance(value, (int, float)) or \
+          not value > low or value != value or value == float("inf"):
+        raise invalid_argument(name, f"a finite number > {low:g}", value)
+    self.addresses = list(addresses)
+    self.jump, self.min_rise_ms = float(jump), float(min_rise_ms)
+    self.step_jump = float(step_jump)
+    self.cooldown_s, self.start = float(cooldown_s), float(start)
+    self.level: list[float | None] = [None] * len(self.addresses)
+    self.step_level: float | None = None
+    self.slow: list[dict] = []
+    self.probes: list[dict] = []
+    self._last_probe = float("-inf")
+    self._step_s: float | None = None
+
+  def raised(self, rtts_ms) -> list[int]:
+    """The hosts whose RTT (ms; None: not sampled) is raised over their
+    level (see the class doc).
+
+    >>> watch = NetworkWatch(["a", "b"])
+    >>> watch.sample(0.0, 1, [0.5, 1.0])
+    False
+    >>> watch.raised([2.0, 5.0]), watch.raised([0.9, 30.0])
+    ([], [1])
+    """
+    return [h for h, (rtt, level) in enumerate(zip(rtts_ms, self.level))
+            if rtt is not None and level is not None and
+            rtt > max(self.jump * level, level + self.min_rise_ms)]
+
+  def sample(self, now: float, step: int, rtts_ms,
+             step_s: float | None = None) -> bool:
+    """Takes one sample: per host its RTT in ms (or None), and the seconds
+    per step over the interval since the last sample (None: no step
+    progressed). True when the links should be probed now (then call
+    `probed`): the network looks slow and no slow period is open, or a
+    period is open and the network no longer looks slow (the probe says
+    whether it is over)."""
+    if len(rtts_ms) != len(self.addresses):
+      raise invalid_argument("rtts_ms", f"one RTT (or None) per host "
+                             f"({len(self.addresses)})", rtts_ms)
+    if step_s is not None and (isinstance(step_s, bool) or not isinstance(
+        step_s, (int, float)) or not 0 < step_s < float("inf")):
+      raise invalid_argument("step_s", "a positive finite number of "
+                             "seconds, or None", step_s)
+    sampled = sum(rtt is not None for rtt in rtts_ms)
+    slow = (sampled > 0 and len(self.raised(rtts_ms)) >= min(2, sampled)) \
+        or (step_s is not None and self.step_level is not None and
+            step_s > self.step_jump * self.step_level)
+    for h, rtt in enumerate(rtts_ms):
+      if rtt is not None and (self.level[h] is None or rtt < self.level[h]):
+        self.level[h] = rtt
+    if step_s is not None and (self.step_level is None or
+                               step_s < self.step_level):
+      self.step_level = step_s
+    self._step_s = step_s
+    waited = now - self._last_probe >= self.cooldown_s
+    if any(period["to_s"] is None for period in self.slow):
+      return not slow and waited
+    return slow and waited
+
+  def probed(self, now: float, step: int, rtts_ms, links) -> list[str]:
+    """Takes the links `probe_links` measured after `sample` asked for
+    it; returns the addresses of the hosts named slow now. A host named
+    and not open opens a slow period; an open one not named any more
+    ends here. Naming nobody, with nothing open before, raises each
+    host's level to its RTT now."""
+    self._last_probe = now
+    slow = network_stragglers([slowest_rate(link) for link in links])
+    named = [self.addresses[h] for h in slow]
+    open_ = {period["address"]: period for period in self.slow
+             if period["to_s"] is None}
+    self.probes.append({"at_s": now - self.start, "step": step,
+                        "rtt_ms": list(rtts_ms), "step_s": self._step_s,
+                        "links": list(links), "named": named,
+                        "confirming": bool(open_)})
+    for address, period in open_.items():
+      if address not in named:
+        period["to_s"], period["to_step"] = now - self.start, step
+    for h in slow:
+      if self.addresses[h] not in open_:
+        self.slow.append({"address": self.addresses[h],
+                          "from_s": now - self.start, "from_step": step,
+                          "to_s": None, "to_step": None,
+                          "down_bits": links[h]["down_bits"],
+                          "up_bits": links[h]["up_bits"],
+                          "rtt_ms": rtts_ms[h]})
+    if not slow and not open_:
+      self.level = [rtt if rtt is not None else level
+                    for rtt, level in zip(rtts_ms, self.level)]
+      if self._step_s is not None:
+        self.step_level = self._step_s
+    return named
+
+  def record(self) -> dict:
+    """What the attempt record keeps: {"probes", "slow"}."""
+    return {"probes": self.probes, "slow": self.slow}
