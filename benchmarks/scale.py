@@ -32,7 +32,7 @@
   long) at step 25; the same columns, against a clean run on those hosts.
 - network_stragglers: on 2 hosts x 1 worker at 1 Gbit/s (needs root), an
   800-step run of a wider MLP (--width=256) with worker 1's host's link
-  throttled to 100 and to 20 Mbit/s once it reached step 150, for 5 s,
+  throttled to 100 and to 20 Mbit/s once it reached step 300, for 5 s,
   then restored, and a run without a throttle: whether the launcher's
   watch (`tfopt.scale.network.NetworkWatch`) named that host during the
   attempt, how long after the throttle and the restore its slow period
@@ -82,9 +82,9 @@ PARTITION_S = 8.0
 # network_stragglers: the run's length, and when and how long host 1's
 # link is throttled (a few NetworkWatch samples, a second apart, fall in it).
 THROTTLE_RUN_STEPS = 800
-THROTTLE_AT_STEP = 150
+THROTTLE_AT_STEP = 300
 THROTTLE_S = 5.0
-WATCH_ROUNDS = 2
+WATCH_ROUNDS = 3
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SCRIPT = os.path.join(ROOT, "experiments", "scale_train.py")
 
@@ -264,8 +264,8 @@ def network_stragglers_part():
                            watched=arm == "watched")
       if rate is None:
         step_s[arm].append(row.pop("median_step_s"))
-        if arm == "watched" and len(step_s[arm]) == 1:
-          rows.append(row)  # the false alarms of one run without throttle
+        if arm == "watched":  # its false alarms: a row per run
+          rows.append(dict(row, throttle=f"none, run {len(step_s[arm])}"))
       else:
         row.pop("median_step_s")
         rows.append(row)
@@ -319,17 +319,18 @@ def _throttled_run(hosts, rate, run_dir, watched=True) -> dict:
   row = {"throttle": rate or "none", "wall_s": time.time() - began,
          "median_step_s": attempt["median_step_s"],
          "named": [p["address"] for p in slow],
-         "probes": len(watch["probes"]),
-         "probed": [{"step": p["step"], "rtt_ms": p["rtt_ms"],
-                     "step_s": p["step_s"], "named": p["named"],
-                     "confirming": p["confirming"],
+         "probes": sum(watch["probe_counts"][kind] for kind in
+                       ("baseline", "alarm", "confirming")),
+         "probe_counts": watch["probe_counts"],
+         "probed": [{"step": p["step"], "kind": p["kind"],
+                     "rtt_ms": p["rtt_ms"], "step_s": p["step_s"],
+                     "named": p["named"],
                      "slowest_mbit": [None if "error" in (link or {"error": 0})
                                       else min(link["down_bits"],
                                                link["up_bits"]) / 1e6
                                       for link in p["links"]]}
                     for p in watch["probes"]],
-         "false_alarms": sum(not p["named"] and not p["confirming"]
-                             for p in watch["probes"]),
+         "false_alarms": watch["probe_counts"]["false_alarm"],
          "after_attempt_named": attempt.get("network_stragglers"),
          "throttled_at_step": marks.get("from", (None, None))[1],
          "restored_at_step": marks.get("to", (None, None))[1]}

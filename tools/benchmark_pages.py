@@ -473,7 +473,8 @@ def _network_straggler_parts(d: dict) -> list[str]:
         f"step {r['to_step']} ({_f(r['ended_s'], 1, ' s')})"
         if found else "--",
         _f(r.get("measured_mbit"), 1, " Mbit/s"), r["probes"],
-        r["false_alarms"], ", ".join(r["after_attempt_named"]) or "nobody"])
+        r["false_alarms"],
+        ", ".join(r["after_attempt_named"] or ()) or "nobody"])
   steps = n["median_step_s"]
   return [
       f"A link slow for a while: the job on 2 hosts at 1 Gbit/s "
@@ -482,7 +483,8 @@ def _network_straggler_parts(d: dict) -> list[str]:
       f"{n['throttle_s']:g} s, then restored; the launcher's watch "
       "(`tfopt.scale.network.NetworkWatch`: each host's TCP round-trip "
       "time and the step time, sampled every second; the links probed "
-      "when they rise and again once they fall):",
+      "once when training starts, when they rise, and again once they "
+      "fall; a false alarm is a probe on a rise that named nobody):",
       _table(["throttle", "named during the attempt",
               "slow from (after the throttle)", "to (after the restore)",
               "its link then", "probes", "false alarms",

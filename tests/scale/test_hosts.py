@@ -447,7 +447,7 @@ def test_a_throttled_host_is_a_network_straggler_not_a_compute_one(
 @pytest.mark.serial  # timed links
 def test_a_link_slow_for_a_while_is_named_with_the_steps_it_was_slow_in(
     tmp_path):
-  """Host 1's link throttled to 1/50 from step 150 for 5 s, then
+  """Host 1's link throttled to 1/50 from step 300 for 5 s, then
   restored, while the job trains: the launcher names host 1 during the
   attempt (its link measured near the throttled rate then), from a step
   after the throttle to one after it ended; the probe after the attempt,
@@ -463,12 +463,13 @@ def test_a_link_slow_for_a_while_is_named_with_the_steps_it_was_slow_in(
     deadline = time.monotonic() + 300
     while time.monotonic() < deadline:
       beat = heartbeat.read(str(run_dir / "heartbeats"), 0)
-      if beat and beat["step"] >= 150:
+      if beat and beat["step"] >= 300:
         hosts.set_link_rate(1, "20mbit")
-        marks["from"] = beat["step"]
+        marks["from"] = (time.time(), beat["step"])
         time.sleep(5.0)
         hosts.set_link_rate(1, "1gbit")
-        marks["to"] = heartbeat.read(str(run_dir / "heartbeats"), 0)["step"]
+        marks["to"] = (time.time(), heartbeat.read(
+            str(run_dir / "heartbeats"), 0)["step"])
         return
       time.sleep(0.05)
 
@@ -486,11 +487,15 @@ def test_a_link_slow_for_a_while_is_named_with_the_steps_it_was_slow_in(
   assert [period["address"] for period in slow] == ["10.201.0.2"], \
       attempt["network_watch"]
   (period,) = slow
-  # Named after the throttle began, before it ended; over once it ended
-  # (the heartbeat's step lags the step trained by up to an interval).
-  assert marks["from"] <= period["from_step"] <= marks["to"], (marks, period)
-  assert period["to_step"] is not None and \
-      period["to_step"] >= marks["to"] - 50, (marks, period)
+  # Named after the throttle began, before it ended; over after it ended
+  # (a probe measured the link back), not before.
+  started = attempt["started"]
+  assert marks["from"][0] <= started + period["from_s"] <= marks["to"][0], \
+      (marks, period, started)
+  assert period["to_s"] is not None and \
+      started + period["to_s"] >= marks["to"][0], (marks, period, started)
+  assert marks["from"][1] <= period["from_step"] <= period["to_step"]
+  assert period["to_step"] >= marks["to"][1], (marks, period)
   assert min(period["down_bits"], period["up_bits"]) < 0.05 * 1e9, period
   assert attempt["network_stragglers"] == [], attempt["links"]
   assert f"NETWORK STRAGGLER from step {period['from_step']} to step " \

@@ -60,7 +60,11 @@ def test_summary_of_a_restarted_run(tmp_path):
        "resumed_from": None, "last_step": 40, "median_step_s": 0.5,
        "failure": {"kind": "killed", "worker": 1, "detected_at": 130.0},
        "faults": [{"kind": "kill", "worker": 1, "at_step": 40,
-                   "asked_step": 40, "by": "worker", "time": 130.0}]},
+                   "asked_step": 40, "by": "worker", "time": 130.0}],
+       "network_watch": {"probes": [], "slow": [
+           {"address": "10.0.0.2", "from_s": 12.0, "from_step": 12,
+            "to_s": None, "to_step": None, "down_bits": 9e6,
+            "up_bits": 8e6, "rtt_ms": 20.0}]}},
       {"attempt": 1, "started": 132.0, "ended": 162.5, "first_step_s": 8.0,
        "resumed_from": 35, "last_step": 80, "median_step_s": 0.5,
        "failure": None}]
@@ -77,6 +81,8 @@ def test_summary_of_a_restarted_run(tmp_path):
       "attempt 0: killed (worker 1), steps 0..40",
       "  injected kill into worker 1 after step 40 (asked: 40; raised by "
       "the worker)",
+      "  host 10.0.0.2: NETWORK STRAGGLER from step 12 to the end (its link "
+      "9.0 Mbit/s in, 8.0 Mbit/s out then)",
       "attempt 1: success, steps 35..80",
       "trajectory: 80 steps, lost [], repeated [], recomputed 5",
       "goodput 64 % of 62.5 s wall: training 40.0 s + startup 18.0 s + "

@@ -128,7 +128,10 @@ class HeartbeatWriter:
             "pid": os.getpid(), "time": time.time(), "seq": self._seq,
             "step": self.step, "resumed_from": self.resumed_from,
             "phase": self.phase, "phase_since": self.phase_since,
-            "median_step_s": self.median_step_s()}
+            "median_step_s": self.median_step_s(),
+            # When `step` ended (None: none yet): step times between two
+            # beats, whenever they were written (tfopt.scale.launch).
+            "step_end_time": self._last_end}
 
   def write(self) -> None:
     tmp = f"{self.path}.{os.getpid()}.tmp"

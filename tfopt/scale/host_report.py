@@ -140,17 +140,30 @@ def _host_line(host: dict) -> str:
     if host[key]:
       parts.append(f"{what}: worker "
                    f"{','.join(str(w) for w in host[key])}")
-  for period in host.get("slow_during") or ():
-    until = ("the end" if period["to_step"] is None
-             else f"step {period['to_step']}")
-    parts.append(f"NETWORK STRAGGLER from step {period['from_step']} to "
-                 f"{until} (its link {period['down_bits'] / 1e6:.1f} Mbit/s "
-                 f"in, {period['up_bits'] / 1e6:.1f} Mbit/s out then)")
+  parts.extend(_slow_text(period) for period in host.get("slow_during")
+               or ())
   if host["network_straggler"]:
     parts.append("NETWORK STRAGGLER (its link far slower than the other "
                  "hosts')")
   text = f"host {host['address']} (workers {workers})"
   return text + (": " + "; ".join(parts) if parts else "")
+
+
+def _slow_text(period: dict) -> str:
+  until = ("the end" if period["to_step"] is None
+           else f"step {period['to_step']}")
+  return (f"NETWORK STRAGGLER from step {period['from_step']} to {until} "
+          f"(its link {period['down_bits'] / 1e6:.1f} Mbit/s in, "
+          f"{period['up_bits'] / 1e6:.1f} Mbit/s out then)")
+
+
+def slow_lines(record: dict) -> list[str]:
+  """An attempt's slow periods (its `network_watch`), one line each:
+  "host ADDRESS: NETWORK STRAGGLER from step A to step B (...)"; for the
+  attempts before the last, whose hosts the summary does not list."""
+  periods = (record.get("network_watch") or {}).get("slow") or ()
+  return [f"host {period['address']}: {_slow_text(period)}"
+          for period in periods]
 
 
 def _mfu_text(pooled: dict) -> str:

@@ -375,8 +375,9 @@ class LocalHosts:
 
   def tcp_rtt_ms(self, host: int) -> float | None:
     """The longest round trip (ms) of host `host`'s established TCP
-    connections to other hosts now, as `ss -ti` shows them
-    (`tfopt.scale.network.ss_rtts_ms`), or None without such a connection.
+    connections to other hosts now, as `ss -tin state established` shows
+    them (`tfopt.scale.network.ss_rtts_ms`), or None without such a
+    connection.
     Bytes queueing at a link slower than the traffic raise it
     (`tfopt.scale.network.NetworkWatch`). OSError where `ss` (iproute2) is
     missing or fails."""

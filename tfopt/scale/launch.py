@@ -59,6 +59,11 @@ from tfopt.scale import protocol as wk
 
 FAULTS = wk.FAULTS
 RECORD = "launch.json"
+# The link watch during an attempt (_Attempt._watch_links): each probe's
+# length each way at most (the launcher's loop waits for it), and the
+# failures of `ss` in a row after which the watch stops for the attempt.
+WATCH_PROBE_S = 0.25
+SS_FAILURES_TO_STOP = 3
 # A host that does not answer from the fabric in this many probes in a row
 # (each 0.2 s, one per heartbeat interval) is cut off: one lost SYN on a
 # busy shaped link is not a partition.
@@ -236,11 +241,14 @@ class _Attempt:
     self.silent: dict[int, int] = {}
     self.probed_at = float("-inf")
     self.killed: set[int] = set()  # workers a kill_host fault killed
-    # On 2 or more hosts: the hosts' RTT, watched for a link slow during
-    # the attempt (tfopt.scale.network.NetworkWatch), and when last sampled.
+    # On 2 or more hosts: the hosts' RTT and the step time, watched for a
+    # link slow during the attempt (tfopt.scale.network.NetworkWatch);
+    # when last sampled; per worker the (end time, step) of the step its
+    # beat last showed, while training; `ss` failures in a row.
     self.network_watch = None
     self.rtt_at = float("-inf")
-    self.beat_at: dict[int, tuple] = {}  # worker -> (time, step) sampled
+    self.step_end_at: dict[int, tuple] = {}
+    self.ss_failures = 0
 
   def start(self, ports) -> None:
     cfg = self.launcher
@@ -253,8 +261,8 @@ class _Attempt:
     self.record["started"] = time.time()
     if cfg.hosts is not None and cfg.hosts.num_hosts >= 2 and \
         cfg.link_probe_s is not None:
-      self.network_watch = network.NetworkWatch(cfg.hosts.addresses,
-                                        start=self.record["started"])
+      self.network_watch = network.NetworkWatch(
+          cfg.hosts.addresses, start=self.record["started"])
       self.record["network_watch"] = self.network_watch.record()
     self.watch = hb.ProgressWatch(
         os.path.join(cfg.run_dir, "heartbeats"), cfg.workers,
@@ -495,40 +503,69 @@ class _Attempt:
         self.unanswered[host] = now
 
   def _watch_links(self, now: float) -> None:
-    """Every RTT_EVERY_S on 2 or more hosts: each host's TCP round-trip
-    time and the step time into the attempt's NetworkWatch, and every
-    link probed right then when it asks (a link slow during the attempt, named with the step;
-    hosts whose link is down for a fault are left out). Where `ss` fails,
-    the record says why and the watch stops for the attempt."""
+    """Every RTT_EVERY_S on 2 or more hosts whose links are up: each
+    host's TCP round-trip time and the step time into the attempt's
+    NetworkWatch, and every link probed right then when it asks (for at
+    most WATCH_PROBE_S each way: the loop waits for it). Hosts whose link
+    is down for a fault are left out, and nothing is sampled with fewer
+    than two hosts up or once the launcher was told to stop. A diagnosis
+    never fails the job: an error is recorded beside what the watch found,
+    and after SS_FAILURES_TO_STOP in a row the watch stops for the
+    attempt."""
     cfg, watch = self.launcher, self.network_watch
-    if watch is None or now - self.rtt_at < network.RTT_EVERY_S:
+    if watch is None or now - self.rtt_at < network.RTT_EVERY_S or \
+        cfg.terminate_requested:
       return
     self.rtt_at = now
     down = set(cfg.down_until)
+    if cfg.hosts.num_hosts - len(down) < 2:
+      return
     try:
       rtts = [None if h in down else cfg.hosts.tcp_rtt_ms(h)
               for h in range(cfg.hosts.num_hosts)]
-    except OSError as err:  # a diagnosis never fails the job
-      self.record["network_watch"] = {"error": str(err)}
-      self.network_watch = None
-      return
-    step = self.record["last_step"]
-    if watch.sample(now, step, rtts, self._step_s()):
-      links = network.probe_links(cfg.hosts, cfg.link_probe_s, skip=down)
-      watch.probed(time.time(), step, rtts, links)
+      step = self.record["last_step"]
+      if watch.sample(now, step, rtts, self._step_s()):
+        links = network.probe_links(
+            cfg.hosts, min(cfg.link_probe_s, WATCH_PROBE_S), skip=down)
+        # What the probe found holds at its end (a throttle may have
+        # begun while it ran): that time, and the step the beats say now.
+        watch.probed(time.time(), self._step_now(), rtts, links)
+      self.ss_failures = 0
+      self.record["network_watch"] = watch.record()
+    except Exception as err:  # pylint: disable=broad-except
+      self.ss_failures += 1
+      self.record["network_watch"] = dict(watch.record(), error=repr(err))
+      if self.ss_failures >= SS_FAILURES_TO_STOP:
+        self.network_watch = None
+
+  def _step_now(self) -> int:
+    """The highest step the workers' beats of this attempt show now (read
+    afresh), or the last one recorded."""
+    steps = [self.record["last_step"]]
+    for w in range(self.launcher.workers):
+      beat = hb.read(self.watch.directory, w)
+      if beat and beat.get("attempt") == self.index:
+        steps.append(beat["step"])
+    return max(steps)
 
   def _step_s(self) -> float | None:
-    """Seconds per step since the last sample, from the heartbeats' own
-    times and steps: the slowest worker's among those that progressed
-    (None: none did -- starting, validating, checkpointing, done)."""
+    """Seconds per step of the steps ended since the last sample, from
+    the heartbeats' own step end times: the slowest worker's among those
+    that ended a step (None: none did). A beat in another phase than
+    training ("step", "host": validating, checkpointing, restoring, done)
+    drops its worker's reference, so a pause seen is not counted as
+    steps."""
     rates = []
     for w, beat in self.watch.beats.items():
-      if not beat:
+      ended = beat and beat.get("step_end_time")
+      if not ended or beat["phase"] not in ("step", "host"):
+        self.step_end_at.pop(w, None)
         continue
-      then = self.beat_at.get(w)
-      self.beat_at[w] = (beat["time"], beat["step"])
-      if then and beat["step"] > then[1] and beat["time"] > then[0]:
-        rates.append((beat["time"] - then[0]) / (beat["step"] - then[1]))
+      then = self.step_end_at.get(w)
+      if then is None or beat["step"] > then[1]:
+        self.step_end_at[w] = (ended, beat["step"])
+      if then and beat["step"] > then[1] and ended > then[0]:
+        rates.append((ended - then[0]) / (beat["step"] - then[1]))
     return max(rates) if rates else None
 
   def _host_silent(self, host: int) -> bool:
@@ -901,8 +938,9 @@ def launch(command, workers: int, **kwargs) -> LaunchResult:
   after each attempt, each host's link is measured this long each way and
   a host far slower than the others is named a network straggler,
   `tfopt.scale.network`; during the attempt the hosts' TCP round-trip
-  times and the step time are watched and the links probed as long when
-  they rise, a slow host named with the steps it was slow in,
+  times and the step time are watched, and the links probed (at most
+  0.25 s each way) once when training starts, when they rise and when
+  they fall again: a slow host is named with the steps it was slow in,
   `NetworkWatch`; None: no probes)."""
   return Launcher(command, workers, **kwargs).run()
 
@@ -1016,6 +1054,8 @@ def summary(result: LaunchResult) -> str:
                    f"{fault['worker']} after step {fault['at_step']} "
                    f"(asked: {fault.get('asked_step', fault['at_step'])}; "
                    f"raised by the {fault.get('by', 'launcher')})")
+    if rec is not result.attempts[-1]:  # the last one's go on its hosts
+      lines.extend(f"  {line}" for line in host_report.slow_lines(rec))
   if result.attempts:
     trajectory = result.trajectory()
     lines.append(f"trajectory: {trajectory['steps']} steps, lost "

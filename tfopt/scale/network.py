@@ -48,6 +48,10 @@ RTT_MIN_RISE_MS = 5.0
 # NetworkWatch: seconds between two probes of the links (each takes
 # 2 x link_probe_s per host and shares the links with the training).
 PROBE_COOLDOWN_S = 5.0
+# NetworkWatch: how long an alarm that named nobody holds the levels up.
+LEVEL_HOLD_S = 30.0
+# NetworkWatch: the probes kept in full (each is counted in probe_counts).
+MAX_PROBES_KEPT = 50
 # NetworkWatch: the step time is raised above STEP_JUMP x its level (a
 # link throttled to 1/10 made this job's step 3x slower; 1/50: 10x).
 STEP_JUMP = 2.0
@@ -112,9 +116,12 @@ def network_stragglers(rates_bits, ratio: float = SLOW_LINK_RATIO
 def ss_rtts_ms(text: str, max_idle_ms: float = 2000.0) -> list[float]:
   """Per TCP connection to another address in `ss -tin state established`
   output, how long a round trip takes now (ms): its smoothed RTT, or, while
-  it waits for the acknowledgement of bytes sent (`unacked`), the time
-  since the last one (`lastack`) where that is longer -- a connection
-  stalled on a slow link stops producing RTT samples. Connections to the
+  bytes sent wait for their acknowledgement (`unacked`), the time since
+  the last send (`lastsnd`: those bytes have waited at least that long)
+  where that is longer -- a connection stalled on a slow link stops
+  producing RTT samples. (Not the time since the last ACK, `lastack`: a
+  connection idle before its last send would count its idle time.)
+  Connections to the
   host itself (127.x, ::1, its own address: its processes among
   themselves, not its link) are skipped, and those with nothing
   outstanding that sent nothing for more than `max_idle_ms` (`lastsnd`):
@@ -128,10 +135,13 @@ def ss_rtts_ms(text: str, max_idle_ms: float = 2000.0) -> list[float]:
   ...        "0  0  10.0.0.1:2224  10.0.0.3:4103\\n"
   ...        "\\t cubic rto:408 rtt:3.0/1.0 lastsnd:900 lastack:900 "
   ...        "unacked:12\\n"
+  ...        "0  0  10.0.0.1:2225  10.0.0.3:4104\\n"
+  ...        "\\t cubic rto:204 rtt:0.05/0.02 lastsnd:2 lastack:4000 "
+  ...        "unacked:3\\n"
   ...        "0  0  [::ffff:10.0.0.1]:2222  [::ffff:10.0.0.1]:4101\\n"
   ...        "\\t cubic rto:204 rtt:9.0/0.01 mss:1448 lastsnd:4\\n")
   >>> ss_rtts_ms(out)
-  [12.5, 900.0]
+  [12.5, 900.0, 2.0]
   """
   delays, local, peer = [], None, None
   for line in text.splitlines():
@@ -146,10 +156,15 @@ def ss_rtts_ms(text: str, max_idle_ms: float = 2000.0) -> list[float]:
     if "rtt" not in fields or peer is None or peer == local or \
         peer.startswith("127.") or peer == "::1":
       continue
-    rtt = float(fields["rtt"].split("/")[0])
-    if float(fields.get("unacked", 0)) > 0:
-      delays.append(max(rtt, float(fields.get("lastack", 0))))
-    elif float(fields.get("lastsnd", 0)) <= max_idle_ms:
+    try:
+      rtt = float(fields["rtt"].split("/")[0])
+      since_sent = float(fields.get("lastsnd", 0))
+      outstanding = float(fields.get("unacked", 0)) > 0
+    except ValueError:
+      continue  # a field this parser does not know how to read
+    if outstanding:
+      delays.append(max(rtt, since_sent))
+    elif since_sent <= max_idle_ms:
       delays.append(rtt)
   return delays
 
@@ -168,64 +183,81 @@ class NetworkWatch:
 
   Per host the RTT *level* is the lowest RTT sampled in the attempt; a
   host's RTT is *raised* above `jump` x its level and `min_rise_ms` above
-  it. The step *level* is the lowest seconds per step sampled (over a
-  sample's interval, while steps progress); the step time is raised above
-  `step_jump` x it. The network *looks slow* when two hosts' RTTs are
-  raised at once (one, where only one host was sampled) -- a slow link
-  delays both ends of the connections that cross it, while one host's RTT
-  alone rising is that host's own delay (a busy process acknowledging
-  late) -- or when the step time is raised: a link slow enough to slow
-  the step need not raise the RTT at the moments sampled (BBR paces,
-  and a step's bursts fall between samples), but it always slows the
-  step. A probe that names nobody, with nothing open, raises every level
-  to its value now (the network is busy, or the step slow for another
-  reason -- a compute straggler, a checkpoint: no probe again until it
-  rises further).
+  it. The step *level* is the lowest seconds per step sampled; the step
+  time is raised above `step_jump` x it. The network *looks slow* when
+  two hosts' RTTs are raised at once (one, where only one host was
+  sampled) -- a slow link delays both ends of the connections that cross
+  it, while one host's RTT alone rising is that host's own delay (a busy
+  process acknowledging late) -- or when the step time is raised: a link
+  slow enough to slow the step need not raise the RTT at the moments
+  sampled (BBR paces, and a step's bursts fall between samples), but it
+  slows the step.
 
-  When the network looks slow and no slow period is open, `sample` asks
-  for a probe; `probed` takes its links and opens a slow period for each
-  host named (`network_stragglers`). While a period is open and the
-  network no longer looks slow, `sample` asks again, and a probe that
-  does not name the host any more ends its period (the signals may fall
-  while the link is still slow: the step's traffic changed). At most one
-  probe per `cooldown_s`.
+  Probes (`sample` asks for one; the caller measures the links,
+  `probe_links`, and hands them to `probed`), alarms and confirming ones
+  at most one per `cooldown_s`, and none on a sample where no step ended
+  since the last (starting, a pause, the job's end: the bursts of a job's
+  first and last steps raise the RTTs of a healthy network):
+  - *baseline*: once, at the first sample with a step time where no
+    probe ran before (a link already slow when the attempt started
+    raises nothing later);
+  - *alarm*: the network looks slow and no slow period is open;
+  - *confirming*: a period is open and the network no longer looks slow
+    (the signals may fall while the link is still slow: the step's
+    traffic changed).
+  Each host a probe names (`network_stragglers`) that has no open period
+  opens one; an open period ends at a probe that measured its host and
+  at least one other (no error, not skipped) and does not name it. An
+  alarm that names nobody holds every level at least at its value now
+  for `hold_s` (a busy network, or a step slowed by something else -- a
+  compute straggler, a checkpoint -- is probed once, not every
+  cooldown, unless it gets slower still).
 
   `slow` lists the periods: {"address", "from_s", "from_step", "to_s",
   "to_step" (None while open), "down_bits", "up_bits", "rtt_ms"} (times
-  from the watch's start); `probes` every probe: {"at_s", "step",
-  "rtt_ms", "step_s", "links", "named", "confirming" (a period was open:
-  the probe asked whether it is over)}; a probe that named nobody and
-  was not confirming is a false alarm.
+  from the watch's start); `probes` the last MAX_PROBES_KEPT probes:
+  {"at_s", "step", "kind", "rtt_ms", "step_s", "links", "named"}, and
+  `probe_counts` every probe's kind counted, false alarms (alarms that
+  named nobody) as "false_alarm".
   """
 
   def __init__(self, addresses, jump: float = RTT_JUMP,
                min_rise_ms: float = RTT_MIN_RISE_MS,
                step_jump: float = STEP_JUMP,
-               cooldown_s: float = PROBE_COOLDOWN_S, start: float = 0.0):
+               cooldown_s: float = PROBE_COOLDOWN_S,
+               hold_s: float = LEVEL_HOLD_S, start: float = 0.0):
     for name, value, low in (("jump", jump, 1.0),
                              ("min_rise_ms", min_rise_ms, 0.0),
                              ("step_jump", step_jump, 1.0),
-                             ("cooldown_s", cooldown_s, 0.0)):
+                             ("cooldown_s", cooldown_s, 0.0),
+                             ("hold_s", hold_s, 0.0)):
       if isinstance(value, bool) or not isinstance(value, (int, float)) or \
           not value > low or value != value or value == float("inf"):
         raise invalid_argument(name, f"a finite number > {low:g}", value)
     self.addresses = list(addresses)
     self.jump, self.min_rise_ms = float(jump), float(min_rise_ms)
-    self.step_jump = float(step_jump)
+    self.step_jump, self.hold_s = float(step_jump), float(hold_s)
     self.cooldown_s, self.start = float(cooldown_s), float(start)
     self.level: list[float | None] = [None] * len(self.addresses)
     self.step_level: float | None = None
     self.slow: list[dict] = []
     self.probes: list[dict] = []
+    self.probe_counts = {"baseline": 0, "alarm": 0, "confirming": 0,
+                         "false_alarm": 0}
     self._last_probe = float("-inf")
     self._step_s: float | None = None
+    self._baseline_done = False
+    self._asked = None  # the kind of probe `sample` last asked for
+    # After an alarm that named nobody: the levels' floor, and until when.
+    self._floor: tuple = ([None] * len(self.addresses), None)
+    self._floor_until = float("-inf")
 
   def raised(self, rtts_ms) -> list[int]:
     """The hosts whose RTT (ms; None: not sampled) is raised over their
     level (see the class doc).
 
     >>> watch = NetworkWatch(["a", "b"])
-    >>> watch.sample(0.0, 1, [0.5, 1.0])
+    >>> watch.sample(0.0, 1, [0.5, 1.0])  # no step time: no decision
     False
     >>> watch.raised([2.0, 5.0]), watch.raised([0.9, 30.0])
     ([], [1])
@@ -237,11 +269,9 @@ class NetworkWatch:
   def sample(self, now: float, step: int, rtts_ms,
              step_s: float | None = None) -> bool:
     """Takes one sample: per host its RTT in ms (or None), and the seconds
-    per step over the interval since the last sample (None: no step
-    progressed). True when the links should be probed now (then call
-    `probed`): the network looks slow and no slow period is open, or a
-    period is open and the network no longer looks slow (the probe says
-    whether it is over)."""
+    per step of the last steps (None: none measured since the last
+    sample). True when the links should be probed now (then call
+    `probed`; see the class doc for when)."""
     if len(rtts_ms) != len(self.addresses):
       raise invalid_argument("rtts_ms", f"one RTT (or None) per host "
                              f"({len(self.addresses)})", rtts_ms)
@@ -253,35 +283,55 @@ class NetworkWatch:
     slow = (sampled > 0 and len(self.raised(rtts_ms)) >= min(2, sampled)) \
         or (step_s is not None and self.step_level is not None and
             step_s > self.step_jump * self.step_level)
+    self._lower_levels(now, rtts_ms, step_s)
+    self._step_s = step_s
+    if step_s is None or now - self._last_probe < self.cooldown_s:
+      return False
+    if any(period["to_s"] is None for period in self.slow):
+      self._asked = "confirming"
+      return not slow
+    self._asked = ("alarm" if slow else
+                   "baseline" if not self._baseline_done and
+                   step_s is not None else None)
+    return self._asked is not None
+
+  def _lower_levels(self, now: float, rtts_ms, step_s) -> None:
+    """Each level to the lowest value sampled, but not below the floor an
+    alarm naming nobody left, while it holds."""
+    floors, step_floor = self._floor if now < self._floor_until else (
+        [None] * len(self.addresses), None)
     for h, rtt in enumerate(rtts_ms):
       if rtt is not None and (self.level[h] is None or rtt < self.level[h]):
-        self.level[h] = rtt
+        self.level[h] = max(rtt, floors[h] or 0.0)
     if step_s is not None and (self.step_level is None or
                                step_s < self.step_level):
-      self.step_level = step_s
-    self._step_s = step_s
-    waited = now - self._last_probe >= self.cooldown_s
-    if any(period["to_s"] is None for period in self.slow):
-      return not slow and waited
-    return slow and waited
+      self.step_level = max(step_s, step_floor or 0.0)
 
   def probed(self, now: float, step: int, rtts_ms, links) -> list[str]:
     """Takes the links `probe_links` measured after `sample` asked for
-    it; returns the addresses of the hosts named slow now. A host named
-    and not open opens a slow period; an open one not named any more
-    ends here. Naming nobody, with nothing open before, raises each
-    host's level to its RTT now."""
-    self._last_probe = now
-    slow = network_stragglers([slowest_rate(link) for link in links])
+    it (one entry per host: measured, {"error"}, or None when skipped);
+    returns the addresses of the hosts named slow now (see the class doc
+    for the periods opened and ended)."""
+    rates = [slowest_rate(link) for link in links]
+    slow = network_stragglers(rates)
     named = [self.addresses[h] for h in slow]
     open_ = {period["address"]: period for period in self.slow
              if period["to_s"] is None}
+    kind = "confirming" if open_ else (
+        "baseline" if self._asked == "baseline" else "alarm")
+    self._baseline_done, self._asked = True, None
+    if kind != "baseline":  # an alarm right after the baseline may run
+      self._last_probe = now
+    self.probe_counts[kind] += 1
     self.probes.append({"at_s": now - self.start, "step": step,
-                        "rtt_ms": list(rtts_ms), "step_s": self._step_s,
-                        "links": list(links), "named": named,
-                        "confirming": bool(open_)})
+                        "kind": kind, "rtt_ms": list(rtts_ms),
+                        "step_s": self._step_s, "links": list(links),
+                        "named": named})
+    del self.probes[:-MAX_PROBES_KEPT]
+    measured = sum(rate is not None for rate in rates)
     for address, period in open_.items():
-      if address not in named:
+      h = self.addresses.index(address)
+      if address not in named and rates[h] is not None and measured >= 2:
         period["to_s"], period["to_step"] = now - self.start, step
     for h in slow:
       if self.addresses[h] not in open_:
@@ -291,13 +341,19 @@ class NetworkWatch:
                           "down_bits": links[h]["down_bits"],
                           "up_bits": links[h]["up_bits"],
                           "rtt_ms": rtts_ms[h]})
-    if not slow and not open_:
-      self.level = [rtt if rtt is not None else level
+    if kind == "alarm" and not slow:
+      self.probe_counts["false_alarm"] += 1
+      self._floor = (list(rtts_ms), self._step_s)
+      self._floor_until = now + self.hold_s
+      self.level = [max(level, rtt) if None not in (level, rtt) else
+                    (rtt if level is None else level)
                     for rtt, level in zip(rtts_ms, self.level)]
       if self._step_s is not None:
-        self.step_level = self._step_s
+        self.step_level = max(self.step_level or 0.0, self._step_s)
     return named
 
   def record(self) -> dict:
-    """What the attempt record keeps: {"probes", "slow"}."""
-    return {"probes": self.probes, "slow": self.slow}
+    """What the attempt record keeps: {"probes", "probe_counts",
+    "slow"}."""
+    return {"probes": self.probes, "probe_counts": dict(self.probe_counts),
+            "slow": self.slow}
