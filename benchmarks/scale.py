@@ -33,16 +33,17 @@
 - network_stragglers: on 2 hosts x 1 worker at 1 Gbit/s (needs root), an
   800-step run of a wider MLP (--width=256) with worker 1's host's link
   throttled to 100 and to 20 Mbit/s once it reached step 300, for 5 s,
-  then restored, and a run without a throttle: whether the launcher's
-  watch (`tfopt.scale.network.NetworkWatch`) named that host during the
+  then restored (one run each), and WATCH_ROUNDS runs without a
+  throttle: whether the launcher's watch
+  (`tfopt.scale.network.NetworkWatch`) named that host during the
   attempt, how long after the throttle and the restore its slow period
-  began and ended (the restore: confirmed by a probe), the link rate
-  measured then, the probes and the false alarms among them (naming
-  nobody with no period open; each probe shares the links for 2 x 0.25 s
-  per host), and what the probe after the attempt named (nobody: the
-  link is back). The watch's cost: the median step time of the run
-  without a throttle with the watch and without it (`link_probe_s=None`),
-  alternating over WATCH_ROUNDS rounds, minimums compared.
+  began and ended (the end: a probe measured the link back), the link
+  rate measured then, the probes (the baseline once training starts
+  included), the false alarms (probes on a rise that named nobody), the
+  longest probe (the launcher's loop waits for it), and what the probe
+  after the attempt named (nobody: the link is back). The watch's cost:
+  the median step time of the runs without a throttle with the watch and
+  without it (`link_probe_s=None`), alternating, minimums compared.
 - stragglers: the same job (120 steps, phases exchanged every 10 steps)
   with no delay, +10 ms, +30 % and +100 ms of host time per step on
   worker 1, and +10 %, +30 % and +100 % of the healthy step time as real
@@ -331,6 +332,8 @@ def _throttled_run(hosts, rate, run_dir, watched=True) -> dict:
                                       for link in p["links"]]}
                     for p in watch["probes"]],
          "false_alarms": watch["probe_counts"]["false_alarm"],
+         "longest_probe_s": max((p["took_s"] for p in watch["probes"]),
+                                default=None),
          "after_attempt_named": attempt.get("network_stragglers"),
          "throttled_at_step": marks.get("from", (None, None))[1],
          "restored_at_step": marks.get("to", (None, None))[1]}
@@ -341,7 +344,8 @@ def _throttled_run(hosts, rate, run_dir, watched=True) -> dict:
         detected_s=first["from_s"] - (marks["from"][0] - start),
         ended_s=(None if first["to_s"] is None else
                  first["to_s"] - (marks["to"][0] - start)),
-        measured_mbit=min(first["down_bits"], first["up_bits"]) / 1e6)
+        measured_mbit=min(first["down_bits"], first["up_bits"]) / 1e6,
+        down_mbit=first["down_bits"] / 1e6, up_mbit=first["up_bits"] / 1e6)
   return row
 
 
@@ -538,6 +542,10 @@ def _print(result):
             f"{r['after_attempt_named']}")
     watched, unwatched = (min(n["median_step_s"][arm])
                           for arm in ("watched", "unwatched"))
+    spread = {arm: f"{min(v) * 1e3:.2f}-{max(v) * 1e3:.2f}"
+              for arm, v in n["median_step_s"].items()}
+    print(f"  median steps per run: {spread['watched']} ms watched, "
+          f"{spread['unwatched']} ms not")
     print(f"  the watch's cost: median step {watched * 1e3:.2f} ms watched, "
           f"{unwatched * 1e3:.2f} ms not "
           f"(minimum of {len(n['median_step_s']['watched'])} runs each): "

@@ -464,6 +464,8 @@ def _network_straggler_parts(d: dict) -> list[str]:
   if not n:
     return []
   rows = []
+  longest = max((r["longest_probe_s"] for r in n["rows"]
+                 if r.get("longest_probe_s") is not None), default=None)
   for r in n["rows"]:
     found = "from_step" in r
     rows.append([
@@ -492,7 +494,11 @@ def _network_straggler_parts(d: dict) -> list[str]:
       f"The watch's cost: median step {1e3 * min(steps['watched']):.2f} ms "
       f"with it, {1e3 * min(steps['unwatched']):.2f} ms without "
       f"(`link_probe_s=None`; the minimum of {len(steps['watched'])} "
-      f"alternating runs each): {n['watch_step_ratio']:.3f}x."]
+      f"alternating runs each): {n['watch_step_ratio']:.3f}x; the runs' "
+      f"medians spread {_span([1e3 * v for v in steps['watched']])} ms "
+      f"with it and {_span([1e3 * v for v in steps['unwatched']])} ms "
+      f"without. The longest probe took {_f(longest, 2, ' s')} (the "
+      "launcher's loop waits for it)."]
 
 
 def scale_section() -> str:

@@ -81,8 +81,9 @@ def test_summary_of_a_restarted_run(tmp_path):
       "attempt 0: killed (worker 1), steps 0..40",
       "  injected kill into worker 1 after step 40 (asked: 40; raised by "
       "the worker)",
-      "  host 10.0.0.2: NETWORK STRAGGLER from step 12 to the end (its link "
-      "9.0 Mbit/s in, 8.0 Mbit/s out then)",
+      "  host 10.0.0.2: NETWORK STRAGGLER from step 12 not measured back "
+      "before the attempt ended (its link 9.0 Mbit/s in, 8.0 Mbit/s out "
+      "then)",
       "attempt 1: success, steps 35..80",
       "trajectory: 80 steps, lost [], repeated [], recomputed 5",
       "goodput 64 % of 62.5 s wall: training 40.0 s + startup 18.0 s + "

@@ -95,23 +95,32 @@ def test_the_network_watch_probes_when_two_hosts_rtts_rise_and_times_the_period(
                       _links([900e6, 14e6])) == ["10.0.0.2"]
   assert period["to_s"] is None and len(watch.slow) == 1
   assert watch.level == [0.8, 1.0]  # a slow link is no busy network
-  # Not measured (its probe failed; skipped): the period stays open.
-  assert watch.sample(117.0, 90, [1.0, 1.1], step_s=0.01)
+  # Named again: the next confirming probe waits twice the cooldown.
+  assert not watch.sample(117.0, 90, [1.0, 1.1], step_s=0.01)
+  # Not measured (its probe failed; skipped; the only other host failed):
+  # the period stays open.
+  assert watch.sample(121.0, 90, [1.0, 1.1], step_s=0.01)
   failed = [_links([900e6])[0], {"address": "10.0.0.2", "error": "timeout"}]
-  assert watch.probed(117.0, 90, [1.0, 1.1], failed) == []
-  assert watch.sample(123.0, 95, [1.0, 1.1], step_s=0.01)
-  assert watch.probed(123.0, 95, [1.0, 1.1], [failed[0], None]) == []
+  assert watch.probed(121.0, 90, [1.0, 1.1], failed) == []
+  assert watch.sample(126.0, 95, [1.0, 1.1], step_s=0.01)
+  assert watch.probed(126.0, 95, [1.0, 1.1], [failed[0], None]) == []
+  assert watch.sample(131.0, 97, [1.0, 1.1], step_s=0.01)
+  assert watch.probed(131.0, 97, [1.0, 1.1],
+                      [{"address": "10.0.0.1", "error": "timeout"},
+                       _links([900e6, 900e6])[1]]) == []
   assert period["to_s"] is None
   # Measured back: the period ends at that probe.
-  assert watch.sample(129.0, 100, [1.0, 1.1], step_s=0.01)
-  assert watch.probed(129.5, 101, [1.0, 1.1], _links([900e6, 880e6])) == []
-  assert (period["to_s"], period["to_step"]) == (29.5, 101)
+  assert watch.sample(136.0, 100, [1.0, 1.1], step_s=0.01)
+  assert watch.probed(136.5, 101, [1.0, 1.1], _links([900e6, 880e6]),
+                      took_s=0.6) == []
+  assert (period["to_s"], period["to_step"]) == (36.5, 101)
   assert [(p["named"], p["kind"]) for p in watch.probes] == [
-      ([], "baseline"), (["10.0.0.2"], "alarm"), (["10.0.0.2"], "confirming"),
-      ([], "confirming"), ([], "confirming"), ([], "confirming")]
+      ([], "baseline"), (["10.0.0.2"], "alarm"),
+      (["10.0.0.2"], "confirming")] + [([], "confirming")] * 4
+  assert watch.probes[-1]["took_s"] == 0.6
   assert watch.record() == {"probes": watch.probes, "slow": watch.slow,
                             "probe_counts": {"baseline": 1, "alarm": 1,
-                                             "confirming": 4,
+                                             "confirming": 5,
                                              "false_alarm": 0}}
   assert watch.level == [0.8, 1.0]
 
@@ -210,6 +219,31 @@ def test_a_step_slowing_down_asks_for_a_probe_even_with_quiet_rtts():
                                 "false_alarm": 1}
 
 
+def test_a_lasting_throttle_backs_the_confirming_probes_off():
+  """Confirming probes that name the same host again wait 2x, 4x, ...
+  the cooldown, up to MAX_COOLDOWN_S; the probes kept are the last
+  MAX_PROBES_KEPT, every one counted."""
+  watch = network.NetworkWatch(["a", "b"], cooldown_s=5.0)
+  assert watch.sample(0.0, 0, [1.0, 1.0], step_s=0.1)
+  watch.probed(0.0, 0, [1.0, 1.0], _links([900e6, 9e6]))  # named b
+  now, waits = 0.0, []
+  for _ in range(7):
+    t = now + 1.0
+    while not watch.sample(t, 0, [1.0, 1.0], step_s=0.1):
+      t += 1.0
+    waits.append(t - now)
+    now = t
+    assert watch.probed(now, 0, [1.0, 1.0], _links([900e6, 9e6])) == ["b"]
+  # The baseline named b: its cooldown counts; then 10, 20, 40, 60, 60 s.
+  assert waits == [5.0, 10.0, 20.0, 40.0, 60.0, 60.0, 60.0]
+  for i in range(60):
+    watch.probed(1000.0 + i, i, [1.0, 1.0], _links([900e6, 9e6]))
+  assert len(watch.probes) == network.MAX_PROBES_KEPT
+  assert watch.probes[-1]["step"] == 59
+  assert sum(watch.probe_counts.values()) == 68
+  assert len(watch.slow) == 1
+
+
 def test_network_watch_refuses_bad_settings_and_samples():
   for name, value in (("jump", 1.0), ("min_rise_ms", -1),
                       ("step_jump", 0.5), ("cooldown_s", float("inf")),
@@ -217,9 +251,15 @@ def test_network_watch_refuses_bad_settings_and_samples():
     with pytest.raises(ValueError, match=f"Argument `{name}` must be a "
                        f"finite number > .*Received: {name}="):
       network.NetworkWatch(["a", "b"], **{name: value})
-  with pytest.raises(ValueError, match=r"Argument `rtts_ms` must be one RTT "
-                     r"\(or None\) per host \(2\). Received: rtts_ms=\[1.0\]"):
-    network.NetworkWatch(["a", "b"]).sample(0.0, 0, [1.0])
+  for bad in ([1.0], [1.0, float("nan")], [1.0, -2.0]):
+    with pytest.raises(ValueError, match=r"Argument `rtts_ms` must be one "
+                       r"RTT \(finite ms >= 0, or None\) per host \(2\). "
+                       r"Received: rtts_ms=\["):
+      network.NetworkWatch(["a", "b"]).sample(0.0, 0, bad)
+  with pytest.raises(ValueError, match=r"Argument `links` must be one probed "
+                     r"link \(or None\) per host \(2\)"):
+    network.NetworkWatch(["a", "b"]).probed(0.0, 0, [1.0, 1.0],
+                                            _links([1e9]))
   with pytest.raises(ValueError, match=r"Argument `step_s` must be a "
                      r"positive finite number of seconds, or None. "
                      r"Received: step_s=0"):
@@ -239,8 +279,9 @@ def test_the_summary_gives_the_steps_a_host_was_slow_in():
   assert first == "host 10.0.0.1 (workers 0)"
   assert second == ("host 10.0.0.2 (workers 1): NETWORK STRAGGLER from step "
                     "14 to step 60 (its link 15.0 Mbit/s in, 12.0 Mbit/s out "
-                    "then); NETWORK STRAGGLER from step 300 to the end (its "
-                    "link 9.0 Mbit/s in, 9.0 Mbit/s out then)")
+                    "then); NETWORK STRAGGLER from step 300 not measured back "
+                    "before the attempt ended (its link 9.0 Mbit/s in, 9.0 "
+                    "Mbit/s out then)")
 
 
 class _WatchedHosts:
@@ -278,7 +319,7 @@ def _attempt(hosts, down=()):
 
 
 def _beat(step, end, phase="host"):
-  return {"step": step, "step_end_time": end, "phase": phase}
+  return {"step": step, "step_end_time": end, "phase": phase, "time": end}
 
 
 def test_the_step_time_comes_from_the_beats_step_end_times():
@@ -294,9 +335,13 @@ def test_the_step_time_comes_from_the_beats_step_end_times():
   assert attempt._step_s() == 2.5
   beats[0] = _beat(14, 103.1)
   assert attempt._step_s() == pytest.approx(0.2)
-  beats[0] = dict(_beat(14, 103.1), phase="checkpoint")  # a pause seen
+  beats[0] = dict(_beat(14, 103.1), phase="checkpoint", time=103.2)
+  assert attempt._step_s() is None  # a pause seen
+  # Back in training, the step before the pause is no reference; the
+  # first one after it is (not 6.95 s per step across the pause).
+  beats[0] = dict(_beat(14, 103.1), phase="step", time=109.0)
   assert attempt._step_s() is None
-  beats[0] = _beat(15, 110.0)  # not 6.9 s per step: a new reference
+  beats[0] = _beat(15, 110.0)
   assert attempt._step_s() is None
   beats[0], beats[1] = _beat(25, 111.0), None
   assert attempt._step_s() == pytest.approx(0.1)
@@ -305,6 +350,12 @@ def test_the_step_time_comes_from_the_beats_step_end_times():
   assert attempt._step_s() == pytest.approx(0.1)
   beats[0], beats[1] = _beat(45, 113.0), _beat(30, 113.5)  # the slowest
   assert attempt._step_s() == pytest.approx(0.5)
+  # A step in progress for longer than the sampling interval (a stalled
+  # link): its time so far; within the interval: nothing.
+  beats[0], beats[1] = dict(_beat(45, 113.0), phase="step", time=113.5), None
+  assert attempt._step_s() is None
+  beats[0] = dict(_beat(45, 113.0), phase="step", time=116.0)
+  assert attempt._step_s() == pytest.approx(3.0)
   beats[0] = {"step": 50, "phase": "host"}  # an older worker's beat
   assert attempt._step_s() is None
 
@@ -330,18 +381,44 @@ def test_the_launchers_watch_probes_records_and_never_fails_the_job():
   # `ss` failing: recorded beside what was found; the watch stops after
   # SS_FAILURES_TO_STOP failures in a row.
   hosts.fail = OSError("ss: cannot open netlink socket")
-  for t in range(launch_module.SS_FAILURES_TO_STOP):
+  for t in range(launch_module.WATCH_FAILURES_TO_STOP):
     assert attempt.network_watch is not None
     attempt._watch_links(3.0 + t)
   assert attempt.network_watch is None
   watched = attempt.record["network_watch"]
-  assert "cannot open netlink socket" in watched["error"]
+  assert watched["errors"]["count"] == launch_module.WATCH_FAILURES_TO_STOP
+  assert "cannot open netlink socket" in watched["errors"]["last"]
   assert watched["slow"][0]["address"] == "10.0.0.2"
-  # Any error, not only OSError, stays inside the diagnosis.
-  broken = _attempt(_WatchedHosts([1.0, 1.0], [1e9, 1e9],
-                                  fail=ValueError("rtt:/")))
+  # Any error, not only OSError, stays inside the diagnosis, and is kept
+  # after the next good sample.
+  hosts = _WatchedHosts([1.0, 1.0], [1e9, 1e9], fail=ValueError("rtt:/"))
+  broken = _attempt(hosts)
   broken._watch_links(1.0)
-  assert "rtt:/" in broken.record["network_watch"]["error"]
+  hosts.fail = None
+  broken._watch_links(2.0)
+  assert broken.network_watch is not None and hosts.sampled == 2
+  assert broken.record["network_watch"]["errors"] == {
+      "count": 1, "last": "ValueError('rtt:/')"}
+
+
+def test_a_probe_is_recorded_with_the_step_its_end_saw(tmp_path):
+  """The step of a probe is the one the beats show when it ended, read
+  afresh (the probe takes a while), and its duration is recorded."""
+  from tfopt.scale import heartbeat
+  hosts = _WatchedHosts([1.0, 1.0], [900e6, 9e6])
+  attempt = _attempt(hosts)
+  attempt.watch.directory = str(tmp_path)
+  writer = heartbeat.HeartbeatWriter(str(tmp_path), 0, attempt=0)
+  writer.end_step(77)
+  writer.write()
+  attempt.record["last_step"] = 50
+  attempt.watch.beats[0] = _beat(40, 100.0)
+  attempt._watch_links(1.0)
+  attempt.watch.beats[0] = _beat(50, 101.0)
+  attempt._watch_links(2.0)  # the baseline probe
+  (probe,) = attempt.network_watch.probes
+  assert probe["step"] == 77 and probe["took_s"] >= 0
+  assert attempt.network_watch.slow[0]["from_step"] == 77
 
 
 def test_the_watch_waits_while_a_host_is_cut_off_or_the_job_stops():

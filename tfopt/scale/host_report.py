@@ -150,9 +150,9 @@ def _host_line(host: dict) -> str:
 
 
 def _slow_text(period: dict) -> str:
-  until = ("the end" if period["to_step"] is None
-           else f"step {period['to_step']}")
-  return (f"NETWORK STRAGGLER from step {period['from_step']} to {until} "
+  until = ("not measured back before the attempt ended"
+           if period["to_step"] is None else f"to step {period['to_step']}")
+  return (f"NETWORK STRAGGLER from step {period['from_step']} {until} "
           f"(its link {period['down_bits'] / 1e6:.1f} Mbit/s in, "
           f"{period['up_bits'] / 1e6:.1f} Mbit/s out then)")
 

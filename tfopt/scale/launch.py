@@ -60,10 +60,10 @@ from tfopt.scale import protocol as wk
 FAULTS = wk.FAULTS
 RECORD = "launch.json"
 # The link watch during an attempt (_Attempt._watch_links): each probe's
-# length each way at most (the launcher's loop waits for it), and the
-# failures of `ss` in a row after which the watch stops for the attempt.
+# sending time each way at most (the launcher's loop waits for it), and
+# the failures in a row after which the watch stops for the attempt.
 WATCH_PROBE_S = 0.25
-SS_FAILURES_TO_STOP = 3
+WATCH_FAILURES_TO_STOP = 3
 # A host that does not answer from the fabric in this many probes in a row
 # (each 0.2 s, one per heartbeat interval) is cut off: one lost SYN on a
 # busy shaped link is not a partition.
@@ -244,11 +244,14 @@ class _Attempt:
     # On 2 or more hosts: the hosts' RTT and the step time, watched for a
     # link slow during the attempt (tfopt.scale.network.NetworkWatch);
     # when last sampled; per worker the (end time, step) of the step its
-    # beat last showed, while training; `ss` failures in a row.
+    # beat last showed while training, and when its beat last showed a
+    # pause; the watch's failures in a row and in all, and the last one.
     self.network_watch = None
     self.rtt_at = float("-inf")
     self.step_end_at: dict[int, tuple] = {}
-    self.ss_failures = 0
+    self.paused_at: dict[int, float] = {}
+    self.watch_failures = 0
+    self.watch_errors = {"count": 0, "last": None}
 
   def start(self, ports) -> None:
     cfg = self.launcher
@@ -506,12 +509,13 @@ class _Attempt:
     """Every RTT_EVERY_S on 2 or more hosts whose links are up: each
     host's TCP round-trip time and the step time into the attempt's
     NetworkWatch, and every link probed right then when it asks (for at
-    most WATCH_PROBE_S each way: the loop waits for it). Hosts whose link
-    is down for a fault are left out, and nothing is sampled with fewer
-    than two hosts up or once the launcher was told to stop. A diagnosis
-    never fails the job: an error is recorded beside what the watch found,
-    and after SS_FAILURES_TO_STOP in a row the watch stops for the
-    attempt."""
+    most WATCH_PROBE_S each way of sending; the loop waits for the probe,
+    whose time is recorded). Hosts whose link is down for a fault are left
+    out, and nothing is sampled with fewer than two hosts up (the step
+    time's reference dropped: it would span the cut) or once the launcher
+    was told to stop. A diagnosis never fails the job: errors are counted
+    beside what the watch found (the last one kept), and after
+    WATCH_FAILURES_TO_STOP in a row the watch stops for the attempt."""
     cfg, watch = self.launcher, self.network_watch
     if watch is None or now - self.rtt_at < network.RTT_EVERY_S or \
         cfg.terminate_requested:
@@ -519,24 +523,29 @@ class _Attempt:
     self.rtt_at = now
     down = set(cfg.down_until)
     if cfg.hosts.num_hosts - len(down) < 2:
+      self.step_end_at.clear()
       return
     try:
       rtts = [None if h in down else cfg.hosts.tcp_rtt_ms(h)
               for h in range(cfg.hosts.num_hosts)]
-      step = self.record["last_step"]
-      if watch.sample(now, step, rtts, self._step_s()):
+      if watch.sample(now, self.record["last_step"], rtts, self._step_s()):
+        began = time.time()
         links = network.probe_links(
             cfg.hosts, min(cfg.link_probe_s, WATCH_PROBE_S), skip=down)
         # What the probe found holds at its end (a throttle may have
         # begun while it ran): that time, and the step the beats say now.
-        watch.probed(time.time(), self._step_now(), rtts, links)
-      self.ss_failures = 0
-      self.record["network_watch"] = watch.record()
+        ended = time.time()
+        watch.probed(ended, self._step_now(), rtts, links,
+                     took_s=ended - began)
+      self.watch_failures = 0
     except Exception as err:  # pylint: disable=broad-except
-      self.ss_failures += 1
-      self.record["network_watch"] = dict(watch.record(), error=repr(err))
-      if self.ss_failures >= SS_FAILURES_TO_STOP:
+      self.watch_failures += 1
+      self.watch_errors = {"count": self.watch_errors["count"] + 1,
+                           "last": repr(err)}
+      if self.watch_failures >= WATCH_FAILURES_TO_STOP:
         self.network_watch = None
+    self.record["network_watch"] = dict(watch.record(),
+                                        errors=self.watch_errors)
 
   def _step_now(self) -> int:
     """The highest step the workers' beats of this attempt show now (read
@@ -549,24 +558,36 @@ class _Attempt:
     return max(steps)
 
   def _step_s(self) -> float | None:
-    """Seconds per step of the steps ended since the last sample, from
-    the heartbeats' own step end times: the slowest worker's among those
-    that ended a step (None: none did). A beat in another phase than
-    training ("step", "host": validating, checkpointing, restoring, done)
-    drops its worker's reference, so a pause seen is not counted as
-    steps."""
-    rates = []
+    """Seconds per step, from the heartbeats' step end times: per worker
+    over the steps it ended since its reference, the slowest worker's;
+    where no worker ended one since the last sample, the step in progress
+    of a worker in its step for longer than RTT_EVERY_S (its time so far:
+    a stalled link is judged); None otherwise. A beat outside training
+    ("step", "host": validating, checkpointing, restoring, done) drops its
+    worker's reference, and a reference is taken only from a step that
+    ended after the last pause seen, so a pause seen is not counted as
+    steps (one shorter than a heartbeat interval can be)."""
+    rates, running = [], []
     for w, beat in self.watch.beats.items():
       ended = beat and beat.get("step_end_time")
+      if beat and beat["phase"] not in ("step", "host"):
+        self.paused_at[w] = beat["time"]
       if not ended or beat["phase"] not in ("step", "host"):
         self.step_end_at.pop(w, None)
         continue
+      if ended <= self.paused_at.get(w, float("-inf")):
+        continue  # the step before the pause: no reference
       then = self.step_end_at.get(w)
       if then is None or beat["step"] > then[1]:
         self.step_end_at[w] = (ended, beat["step"])
       if then and beat["step"] > then[1] and ended > then[0]:
         rates.append((ended - then[0]) / (beat["step"] - then[1]))
-    return max(rates) if rates else None
+      elif then and beat["phase"] == "step" and \
+          beat["time"] - ended > network.RTT_EVERY_S:
+        running.append(beat["time"] - ended)
+    if rates:
+      return max(rates)
+    return max(running) if running else None
 
   def _host_silent(self, host: int) -> bool:
     cfg, ports = self.launcher, self.record["ports"] or []
@@ -824,10 +845,14 @@ class Launcher:
     if self.hosts is None or self.hosts.num_hosts < 2 or \
         self.link_probe_s is None or self.terminate_requested:
       return
-    links = network.probe_links(self.hosts, self.link_probe_s,
-                                skip=set(self.down_until))
-    slow = network.network_stragglers(
-        [network.slowest_rate(link) for link in links])
+    try:
+      links = network.probe_links(self.hosts, self.link_probe_s,
+                                  skip=set(self.down_until))
+      slow = network.network_stragglers(
+          [network.slowest_rate(link) for link in links])
+    except Exception as err:  # pylint: disable=broad-except
+      rec["links_error"] = repr(err)  # a diagnosis never fails the job
+      return
     rec["links"] = links
     rec["network_stragglers"] = [links[h]["address"] for h in slow]
 
@@ -1035,8 +1060,8 @@ def goodput_line(good: dict) -> str:
 
 
 def summary(result: LaunchResult) -> str:
-  """Every attempt (failure kind and worker, steps), the stitched
-  trajectory, the goodput, per host of the last attempt its workers' MFU,
+  """Every attempt (failure kind and worker, steps; for those before the
+  last, the hosts its link watch found slow), the stitched trajectory, the goodput, per host of the last attempt its workers' MFU,
   stragglers and link (`tfopt.scale.host_report`), the job's MFU, each
   worker's `final-worker-<i>.json` when the job writes one
   (experiments/scale_train.py does: final loss, weights SHA-256, MFU), and

@@ -41,24 +41,30 @@ from tfopt._errors import invalid_argument
 # fraction of the median of the other hosts' links.
 SLOW_LINK_RATIO = 0.5
 # NetworkWatch: a host's RTT is raised when it is above RTT_JUMP x its level
-# and at least RTT_MIN_RISE_MS above it (a healthy link under a step's
-# burst of traffic: 0.05-3 ms here; one throttled to 1/50: 10-25 ms).
+# and at least RTT_MIN_RISE_MS above it (measured on 2 LocalHosts at 1
+# Gbit/s, benchmarks/scale.py: 0.5-2 ms at a healthy sample, 10-40 ms
+# through a link throttled to 1/50).
 RTT_JUMP = 4.0
 RTT_MIN_RISE_MS = 5.0
 # NetworkWatch: seconds between two probes of the links (each takes
-# 2 x link_probe_s per host and shares the links with the training).
+# 2 x link_probe_s per host and shares the links with the training); while
+# the same hosts stay named, the confirming probes back off, doubling it up
+# to MAX_COOLDOWN_S.
 PROBE_COOLDOWN_S = 5.0
+MAX_COOLDOWN_S = 60.0
 # NetworkWatch: how long an alarm that named nobody holds the levels up.
 LEVEL_HOLD_S = 30.0
-# NetworkWatch: the probes kept in full (each is counted in probe_counts).
+# NetworkWatch: the probes kept in full (each is counted in probe_counts),
+# and the slow periods kept (the latest).
 MAX_PROBES_KEPT = 50
+MAX_PERIODS_KEPT = 50
 # NetworkWatch: the step time is raised above STEP_JUMP x its level (a
 # link throttled to 1/10 made this job's step 3x slower; 1/50: 10x).
 STEP_JUMP = 2.0
 # The launcher samples each host's RTT this often (an `ss` run per host).
 RTT_EVERY_S = 1.0
 # `ss -ti`'s "name:value" fields (rtt:12.5/3.1, unacked:4, lastack:16).
-_SS_FIELD = re.compile(r"\b(rtt|unacked|lastack|lastsnd):([\d./]+)")
+_SS_FIELD = re.compile(r"\b(rtt|rto|unacked|lastack|lastsnd):([\d./]+)")
 
 
 def probe_links(hosts, seconds: float = 0.25, skip=()) -> list[dict | None]:
@@ -73,7 +79,8 @@ def probe_links(hosts, seconds: float = 0.25, skip=()) -> list[dict | None]:
       continue
     try:
       rates = hosts.measure_link(host, seconds)
-    except OSError as err:
+    except Exception as err:  # pylint: disable=broad-except
+      # A diagnosis never fails the job, nor the other hosts' probes.
       links.append({"address": hosts.addresses[host], "error": str(err)})
       continue
     links.append({"address": hosts.addresses[host], **rates})
@@ -116,11 +123,15 @@ def network_stragglers(rates_bits, ratio: float = SLOW_LINK_RATIO
 def ss_rtts_ms(text: str, max_idle_ms: float = 2000.0) -> list[float]:
   """Per TCP connection to another address in `ss -tin state established`
   output, how long a round trip takes now (ms): its smoothed RTT, or, while
-  bytes sent wait for their acknowledgement (`unacked`), the time since
-  the last send (`lastsnd`: those bytes have waited at least that long)
-  where that is longer -- a connection stalled on a slow link stops
-  producing RTT samples. (Not the time since the last ACK, `lastack`: a
-  connection idle before its last send would count its idle time.)
+  bytes sent wait for their acknowledgement (`unacked`) for longer than
+  the connection's retransmission timeout (`rto`, at least 200 ms on
+  Linux), the time since the last send (`lastsnd`: those bytes have
+  waited at least that long) -- a connection stalled on a slow link stops
+  producing RTT samples. Shorter waits are not counted: `ss` gives
+  `lastsnd` in kernel ticks (4 ms), and healthy connections showed
+  4-12 ms there between a send and its delayed acknowledgement. (Not the
+  time since the last ACK, `lastack`: a connection idle before its last
+  send would count its idle time.)
   Connections to the
   host itself (127.x, ::1, its own address: its processes among
   themselves, not its link) are skipped, and those with nothing
@@ -136,12 +147,12 @@ def ss_rtts_ms(text: str, max_idle_ms: float = 2000.0) -> list[float]:
   ...        "\\t cubic rto:408 rtt:3.0/1.0 lastsnd:900 lastack:900 "
   ...        "unacked:12\\n"
   ...        "0  0  10.0.0.1:2225  10.0.0.3:4104\\n"
-  ...        "\\t cubic rto:204 rtt:0.05/0.02 lastsnd:2 lastack:4000 "
+  ...        "\\t cubic rto:204 rtt:0.05/0.02 lastsnd:12 lastack:4000 "
   ...        "unacked:3\\n"
   ...        "0  0  [::ffff:10.0.0.1]:2222  [::ffff:10.0.0.1]:4101\\n"
   ...        "\\t cubic rto:204 rtt:9.0/0.01 mss:1448 lastsnd:4\\n")
   >>> ss_rtts_ms(out)
-  [12.5, 900.0, 2.0]
+  [12.5, 900.0, 0.05]
   """
   delays, local, peer = [], None, None
   for line in text.splitlines():
@@ -160,11 +171,12 @@ def ss_rtts_ms(text: str, max_idle_ms: float = 2000.0) -> list[float]:
       rtt = float(fields["rtt"].split("/")[0])
       since_sent = float(fields.get("lastsnd", 0))
       outstanding = float(fields.get("unacked", 0)) > 0
+      rto = float(fields.get("rto", 200))
     except ValueError:
       continue  # a field this parser does not know how to read
-    if outstanding:
+    if outstanding and since_sent > rto:
       delays.append(max(rtt, since_sent))
-    elif since_sent <= max_idle_ms:
+    elif outstanding or since_sent <= max_idle_ms:
       delays.append(rtt)
   return delays
 
@@ -195,9 +207,13 @@ class NetworkWatch:
 
   Probes (`sample` asks for one; the caller measures the links,
   `probe_links`, and hands them to `probed`), alarms and confirming ones
-  at most one per `cooldown_s`, and none on a sample where no step ended
-  since the last (starting, a pause, the job's end: the bursts of a job's
-  first and last steps raise the RTTs of a healthy network):
+  at most one per `cooldown_s` -- doubled at each confirming probe that
+  names the same hosts again, up to MAX_COOLDOWN_S (a throttle that lasts
+  is not probed every few seconds) -- and none on a sample without a step
+  time (starting, a pause, the job's end: the bursts of a job's first and
+  last steps raise the RTTs of a healthy network; a step in progress
+  longer than the sampling interval gives its time so far, so a stalled
+  link is still judged):
   - *baseline*: once, at the first sample with a step time where no
     probe ran before (a link already slow when the attempt started
     raises nothing later);
@@ -213,12 +229,12 @@ class NetworkWatch:
   compute straggler, a checkpoint -- is probed once, not every
   cooldown, unless it gets slower still).
 
-  `slow` lists the periods: {"address", "from_s", "from_step", "to_s",
-  "to_step" (None while open), "down_bits", "up_bits", "rtt_ms"} (times
-  from the watch's start); `probes` the last MAX_PROBES_KEPT probes:
-  {"at_s", "step", "kind", "rtt_ms", "step_s", "links", "named"}, and
-  `probe_counts` every probe's kind counted, false alarms (alarms that
-  named nobody) as "false_alarm".
+  `slow` lists the last MAX_PERIODS_KEPT periods: {"address", "from_s",
+  "from_step", "to_s", "to_step" (None while open), "down_bits",
+  "up_bits", "rtt_ms"} (times from the watch's start); `probes` the last
+  MAX_PROBES_KEPT probes: {"at_s", "step", "kind", "rtt_ms", "step_s",
+  "took_s", "links", "named"}, and `probe_counts` every probe's kind
+  counted, false alarms (alarms that named nobody) as "false_alarm".
   """
 
   def __init__(self, addresses, jump: float = RTT_JUMP,
@@ -245,6 +261,7 @@ class NetworkWatch:
     self.probe_counts = {"baseline": 0, "alarm": 0, "confirming": 0,
                          "false_alarm": 0}
     self._last_probe = float("-inf")
+    self._wait_s = self.cooldown_s  # the cooldown now (backed off)
     self._step_s: float | None = None
     self._baseline_done = False
     self._asked = None  # the kind of probe `sample` last asked for
@@ -272,9 +289,13 @@ class NetworkWatch:
     per step of the last steps (None: none measured since the last
     sample). True when the links should be probed now (then call
     `probed`; see the class doc for when)."""
-    if len(rtts_ms) != len(self.addresses):
-      raise invalid_argument("rtts_ms", f"one RTT (or None) per host "
-                             f"({len(self.addresses)})", rtts_ms)
+    if len(rtts_ms) != len(self.addresses) or any(
+        rtt is not None and (isinstance(rtt, bool) or not isinstance(
+            rtt, (int, float)) or not 0 <= rtt < float("inf"))
+        for rtt in rtts_ms):
+      raise invalid_argument("rtts_ms", f"one RTT (finite ms >= 0, or "
+                             f"None) per host ({len(self.addresses)})",
+                             rtts_ms)
     if step_s is not None and (isinstance(step_s, bool) or not isinstance(
         step_s, (int, float)) or not 0 < step_s < float("inf")):
       raise invalid_argument("step_s", "a positive finite number of "
@@ -285,7 +306,7 @@ class NetworkWatch:
             step_s > self.step_jump * self.step_level)
     self._lower_levels(now, rtts_ms, step_s)
     self._step_s = step_s
-    if step_s is None or now - self._last_probe < self.cooldown_s:
+    if step_s is None or now - self._last_probe < self._wait_s:
       return False
     if any(period["to_s"] is None for period in self.slow):
       self._asked = "confirming"
@@ -307,11 +328,15 @@ class NetworkWatch:
                                step_s < self.step_level):
       self.step_level = max(step_s, step_floor or 0.0)
 
-  def probed(self, now: float, step: int, rtts_ms, links) -> list[str]:
+  def probed(self, now: float, step: int, rtts_ms, links,
+             took_s: float | None = None) -> list[str]:
     """Takes the links `probe_links` measured after `sample` asked for
-    it (one entry per host: measured, {"error"}, or None when skipped);
-    returns the addresses of the hosts named slow now (see the class doc
-    for the periods opened and ended)."""
+    it (one entry per host: measured, {"error"}, or None when skipped),
+    and how long the probe took; returns the addresses of the hosts named
+    slow now (see the class doc for the periods opened and ended)."""
+    if len(links) != len(self.addresses):
+      raise invalid_argument("links", f"one probed link (or None) per host "
+                             f"({len(self.addresses)})", links)
     rates = [slowest_rate(link) for link in links]
     slow = network_stragglers(rates)
     named = [self.addresses[h] for h in slow]
@@ -320,13 +345,18 @@ class NetworkWatch:
     kind = "confirming" if open_ else (
         "baseline" if self._asked == "baseline" else "alarm")
     self._baseline_done, self._asked = True, None
-    if kind != "baseline":  # an alarm right after the baseline may run
+    # An alarm right after a baseline that named nobody may run; a
+    # confirming probe naming the same hosts again backs off.
+    if kind != "baseline" or slow:
       self._last_probe = now
+    same = kind == "confirming" and set(named) == set(open_)
+    self._wait_s = (min(2 * self._wait_s, MAX_COOLDOWN_S) if same
+                    else self.cooldown_s)
     self.probe_counts[kind] += 1
     self.probes.append({"at_s": now - self.start, "step": step,
                         "kind": kind, "rtt_ms": list(rtts_ms),
-                        "step_s": self._step_s, "links": list(links),
-                        "named": named})
+                        "step_s": self._step_s, "took_s": took_s,
+                        "links": list(links), "named": named})
     del self.probes[:-MAX_PROBES_KEPT]
     measured = sum(rate is not None for rate in rates)
     for address, period in open_.items():
@@ -341,6 +371,7 @@ class NetworkWatch:
                           "down_bits": links[h]["down_bits"],
                           "up_bits": links[h]["up_bits"],
                           "rtt_ms": rtts_ms[h]})
+    del self.slow[:-MAX_PERIODS_KEPT]
     if kind == "alarm" and not slow:
       self.probe_counts["false_alarm"] += 1
       self._floor = (list(rtts_ms), self._step_s)
