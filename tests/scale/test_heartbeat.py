@@ -77,3 +77,32 @@ def test_culprit_is_the_lowest_step_when_all_wait_inside(tmp_path):
   watch.poll()
   verdict = watch.poll(now=time.time() + 2)
   assert (verdict.kind, verdict.worker) == ("stuck", 1)
+
+
+def test_the_writer_sums_its_pauses_for_the_step_times(tmp_path,
+                                                       monkeypatch):
+  """Hand-timed phases: a checkpoint and a validation are pauses, summed
+  into paused_s (the current one included) and, as of each step's end,
+  into step_end_paused_s; steps and host time are not."""
+  clock = [100.0]
+  monkeypatch.setattr(hb.time, "time", lambda: clock[0])
+  writer = hb.HeartbeatWriter(str(tmp_path), 0)  # "startup" from 100
+  for phase, at in (("first_step", 103.0), ("end", 104.0), ("step", 104.5),
+                    ("end", 105.0), ("checkpoint", 105.1), ("host", 107.1),
+                    ("step", 107.2), ("end", 107.5), ("validation", 108.0),
+                    ("epoch_end", 109.0)):
+    clock[0] = at
+    if phase == "end":
+      writer.end_step(writer.step + 1)
+    elif phase in ("first_step", "step"):
+      writer.begin_step()
+    else:
+      writer.set_phase(phase)
+  clock[0] = 109.5
+  state = writer.state()
+  # 3 s of startup + 2 s of checkpoint by the third step's end; then 1 s
+  # of validation and 0.5 s of epoch_end so far.
+  assert (state["step"], state["step_end_time"]) == (2, 107.5)
+  assert state["step_end_paused_s"] == pytest.approx(5.0)
+  assert state["paused_s"] == pytest.approx(6.5)
+  assert state["phase"] == "epoch_end"

@@ -318,12 +318,15 @@ def _attempt(hosts, down=()):
   return attempt
 
 
-def _beat(step, end, phase="host"):
-  return {"step": step, "step_end_time": end, "phase": phase, "time": end}
+def _beat(step, end, phase="host", paused=0.0):
+  """A beat written right at step `step`'s end, `paused` s of pauses
+  summed by then."""
+  return {"step": step, "step_end_time": end, "phase": phase, "time": end,
+          "step_end_paused_s": paused, "paused_s": paused}
 
 
 def test_the_step_time_comes_from_the_beats_step_end_times():
-  """Steps slower than the sampling interval, a pause seen in a beat,
+  """Steps slower than the sampling interval, pauses (seen or not),
   several workers: hand-computed seconds per step."""
   attempt = _attempt(_WatchedHosts([1.0, 1.0], [1e9, 1e9]))
   beats = attempt.watch.beats
@@ -335,28 +338,37 @@ def test_the_step_time_comes_from_the_beats_step_end_times():
   assert attempt._step_s() == 2.5
   beats[0] = _beat(14, 103.1)
   assert attempt._step_s() == pytest.approx(0.2)
-  beats[0] = dict(_beat(14, 103.1), phase="checkpoint", time=103.2)
-  assert attempt._step_s() is None  # a pause seen
-  # Back in training, the step before the pause is no reference; the
-  # first one after it is (not 6.95 s per step across the pause).
-  beats[0] = dict(_beat(14, 103.1), phase="step", time=109.0)
-  assert attempt._step_s() is None
-  beats[0] = _beat(15, 110.0)
-  assert attempt._step_s() is None
-  beats[0], beats[1] = _beat(25, 111.0), None
+  # A checkpoint of 6.8 s after step 14, seen or not by a beat: step 15's
+  # 0.15 s, not 6.95 s.
+  beats[0] = dict(_beat(14, 103.1), phase="checkpoint", time=105.0,
+                  paused_s=1.9)
+  assert attempt._step_s() is None  # a pause: no step time
+  beats[0] = _beat(15, 110.05, paused=6.8)
+  assert attempt._step_s() == pytest.approx(0.15)
+  beats[0], beats[1] = _beat(25, 111.05, paused=6.8), None
   assert attempt._step_s() == pytest.approx(0.1)
   beats[1] = _beat(25, 111.0)
-  beats[0] = _beat(35, 112.0)
+  beats[0] = _beat(35, 112.05, paused=6.8)
   assert attempt._step_s() == pytest.approx(0.1)
-  beats[0], beats[1] = _beat(45, 113.0), _beat(30, 113.5)  # the slowest
-  assert attempt._step_s() == pytest.approx(0.5)
+  beats[0], beats[1] = _beat(45, 113.05, paused=6.8), _beat(30, 113.5)
+  assert attempt._step_s() == pytest.approx(0.5)  # the slowest worker
   # A step in progress for longer than the sampling interval (a stalled
-  # link): its time so far; within the interval: nothing.
-  beats[0], beats[1] = dict(_beat(45, 113.0), phase="step", time=113.5), None
+  # link): its time so far, less a pause since the last step's end;
+  # within the interval: nothing.
+  beats[1] = None
+  beats[0] = dict(_beat(45, 113.05, paused=6.8), phase="step", time=113.5)
   assert attempt._step_s() is None
-  beats[0] = dict(_beat(45, 113.0), phase="step", time=116.0)
-  assert attempt._step_s() == pytest.approx(3.0)
-  beats[0] = {"step": 50, "phase": "host"}  # an older worker's beat
+  beats[0] = dict(_beat(45, 113.05, paused=6.8), phase="step",
+                  time=116.05, paused_s=7.3)
+  assert attempt._step_s() == pytest.approx(2.5)
+  # Another worker pausing (its checkpoint, the job's end): no step time,
+  # the references kept.
+  beats[1] = {"step": 45, "phase": "done", "time": 116.0}
+  assert attempt._step_s() is None
+  beats[1] = None
+  beats[0] = _beat(55, 117.05, paused=6.8)
+  assert attempt._step_s() == pytest.approx(0.4)
+  beats[0] = {"step": 60, "phase": "host"}  # an older worker's beat
   assert attempt._step_s() is None
 
 

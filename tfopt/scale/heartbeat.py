@@ -40,6 +40,8 @@ import time
 from tfopt._errors import invalid_argument
 
 FORMAT = "tfopt.scale.heartbeat/1"
+# The phases of training itself; any other is a pause (HeartbeatWriter).
+TRAINING_PHASES = ("host", "step", "first_step")
 
 # Seconds a worker may spend in each phase of non-step work before it is
 # taken for stuck (the step-time rule does not apply while it is there).
@@ -61,8 +63,12 @@ class HeartbeatWriter:
   """Writes this worker's progress every `interval_s` from a thread.
 
   `step` is the global step last *completed*; `phase` is "host" (between
-  steps: input, callbacks, checkpoints) or "step" (inside the compiled
-  step, collectives included).
+  steps: input, callbacks) or "step" (inside the compiled step,
+  collectives included), or a pause the launcher judges by its own budget
+  (checkpoint, validation, epoch_end, restore; startup and done). The time
+  spent in pauses is summed (`paused_s`; `step_end_paused_s` as of the
+  last step's end), so that the launcher's step times between two beats
+  leave out a pause neither beat showed.
   """
 
   def __init__(self, directory: str, worker: int, interval_s: float = 0.5,
@@ -82,6 +88,8 @@ class HeartbeatWriter:
     self.phase_since = time.time()
     self._step_times: list = []
     self._last_end = None
+    self._paused_s = 0.0  # time in phases outside TRAINING_PHASES so far
+    self._end_paused_s = 0.0  # ... as of the last step's end
     self._stop = threading.Event()
     self._thread = None
     self._seq = 0
@@ -104,8 +112,8 @@ class HeartbeatWriter:
   def begin_step(self) -> None:
     """In a step; until this process has ended one, in its first step
     (`first_step`: tracing and compiling, judged by its own budget)."""
-    self.phase = "step" if self._last_end is not None else "first_step"
-    self.phase_since = time.time()
+    self._enter("step" if self._last_end is not None else "first_step",
+                time.time())
 
   def end_step(self, step: int) -> None:
     now = time.time()
@@ -114,24 +122,41 @@ class HeartbeatWriter:
       del self._step_times[:-200]
     self._last_end = now
     self.step = int(step)
-    self.phase, self.phase_since = "host", now
+    self._enter("host", now)
+    self._end_paused_s = self._paused_s
 
   def set_phase(self, phase: str) -> None:
-    self.phase, self.phase_since = phase, time.time()
+    self._enter(phase, time.time())
+
+  def _enter(self, phase: str, now: float) -> None:
+    """Leaves the current phase for `phase`; a pause left is summed."""
+    if self.phase not in TRAINING_PHASES:
+      self._paused_s += now - self.phase_since
+    self.phase, self.phase_since = phase, now
+
+  def paused_s(self, now: float | None = None) -> float:
+    """Seconds spent in pauses so far (the current one included)."""
+    now = time.time() if now is None else now
+    return self._paused_s + (now - self.phase_since
+                             if self.phase not in TRAINING_PHASES else 0.0)
 
   def median_step_s(self) -> float | None:
     return statistics.median(self._step_times) if self._step_times else None
 
   def state(self) -> dict:
     self._seq += 1
+    now = time.time()
     return {"format": FORMAT, "worker": self.worker, "attempt": self.attempt,
-            "pid": os.getpid(), "time": time.time(), "seq": self._seq,
+            "pid": os.getpid(), "time": now, "seq": self._seq,
             "step": self.step, "resumed_from": self.resumed_from,
             "phase": self.phase, "phase_since": self.phase_since,
             "median_step_s": self.median_step_s(),
-            # When `step` ended (None: none yet): step times between two
-            # beats, whenever they were written (tfopt.scale.launch).
-            "step_end_time": self._last_end}
+            # When `step` ended (None: none yet), and the pauses summed
+            # then and now: step times between two beats, whenever they
+            # were written, without the pauses (tfopt.scale.launch).
+            "step_end_time": self._last_end,
+            "step_end_paused_s": self._end_paused_s,
+            "paused_s": self.paused_s(now)}
 
   def write(self) -> None:
     tmp = f"{self.path}.{os.getpid()}.tmp"

@@ -243,13 +243,12 @@ class _Attempt:
     self.killed: set[int] = set()  # workers a kill_host fault killed
     # On 2 or more hosts: the hosts' RTT and the step time, watched for a
     # link slow during the attempt (tfopt.scale.network.NetworkWatch);
-    # when last sampled; per worker the (end time, step) of the step its
-    # beat last showed while training, and when its beat last showed a
-    # pause; the watch's failures in a row and in all, and the last one.
+    # when last sampled; per worker the (end time, step, pauses summed) of
+    # the step its beat last showed; the watch's failures in a row and in
+    # all, and the last one.
     self.network_watch = None
     self.rtt_at = float("-inf")
     self.step_end_at: dict[int, tuple] = {}
-    self.paused_at: dict[int, float] = {}
     self.watch_failures = 0
     self.watch_errors = {"count": 0, "last": None}
 
@@ -558,33 +557,39 @@ class _Attempt:
     return max(steps)
 
   def _step_s(self) -> float | None:
-    """Seconds per step, from the heartbeats' step end times: per worker
-    over the steps it ended since its reference, the slowest worker's;
-    where no worker ended one since the last sample, the step in progress
-    of a worker in its step for longer than RTT_EVERY_S (its time so far:
-    a stalled link is judged); None otherwise. A beat outside training
-    ("step", "host": validating, checkpointing, restoring, done) drops its
-    worker's reference, and a reference is taken only from a step that
-    ended after the last pause seen, so a pause seen is not counted as
-    steps (one shorter than a heartbeat interval can be)."""
+    """Seconds per step, from the heartbeats' step end times less the
+    pauses between them (checkpoints, validation: `paused_s` in the
+    beats): per worker over the steps it ended since its reference, the
+    slowest worker's; where no worker ended one since the last sample,
+    the step in progress of a worker inside its step for longer than
+    RTT_EVERY_S (its time so far: a stalled link is judged); None
+    otherwise, and while any worker's beat shows a pause (checkpoint,
+    validation, epoch_end, done: their traffic -- a save, the job's last
+    exchanges -- raises the RTTs of a healthy network; the references are
+    kept, the pause is subtracted later)."""
     rates, running = [], []
+    pausing = any(beat and beat["phase"] not in hb.TRAINING_PHASES
+                  for beat in self.watch.beats.values())
     for w, beat in self.watch.beats.items():
       ended = beat and beat.get("step_end_time")
-      if beat and beat["phase"] not in ("step", "host"):
-        self.paused_at[w] = beat["time"]
-      if not ended or beat["phase"] not in ("step", "host"):
+      if not ended:
         self.step_end_at.pop(w, None)
         continue
-      if ended <= self.paused_at.get(w, float("-inf")):
-        continue  # the step before the pause: no reference
+      paused = beat.get("step_end_paused_s", 0.0)
       then = self.step_end_at.get(w)
       if then is None or beat["step"] > then[1]:
-        self.step_end_at[w] = (ended, beat["step"])
-      if then and beat["step"] > then[1] and ended > then[0]:
-        rates.append((ended - then[0]) / (beat["step"] - then[1]))
-      elif then and beat["phase"] == "step" and \
-          beat["time"] - ended > network.RTT_EVERY_S:
-        running.append(beat["time"] - ended)
+        self.step_end_at[w] = (ended, beat["step"], paused)
+      if then and beat["step"] > then[1]:
+        spent = (ended - then[0]) - (paused - then[2])
+        if spent > 0:
+          rates.append(spent / (beat["step"] - then[1]))
+      elif then and beat["phase"] == "step":
+        so_far = (beat["time"] - ended) - (beat.get("paused_s", paused) -
+                                           paused)
+        if so_far > network.RTT_EVERY_S:
+          running.append(so_far)
+    if pausing:
+      return None
     if rates:
       return max(rates)
     return max(running) if running else None
